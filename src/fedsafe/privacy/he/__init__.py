@@ -40,9 +40,17 @@ Threat model
   price of a single-key, decrypt-anywhere scheme.
 * **Byzantine nodes** (at most f, not colluding with the server) choose their message freely but
   run the encoding and encryption as specified (the paper's Remark 1): the encoder clamps, so
-  every digit is in the circuit's range. A node that bypasses the encoder and encrypts
-  out-of-range digits makes the comparison polynomials meaningless on the coordinates it
-  touches (catching that would need zero-knowledge range proofs). The server rejects, naming
+  every digit is in the circuit's range. Every node holds the key, though, so a node can
+  bypass the encoder and encrypt out-of-range digits; the comparison polynomials are then
+  meaningless on the coordinates it touches, and the decrypted trimmed sum there is an
+  arbitrary residue mod p, up to (p-1)/(2*S*o) times the clamp (32,768x for n = 3, delta = 2).
+  The nodes screen it: in-range uploads give a trimmed sum of S values in {-o..o}, so
+  ``|sum| <= S*o`` (S = n - 2f for HTS, 1 or 2 for HMED; ``Quantizer.sum_bound``), and every
+  coordinate beyond is set to 0 and counted (``he_out_of_range``). This guarantees every
+  aggregate coordinate lies in [-C, C]; it does not catch corrupted comparisons whose result
+  lands inside the bound (those coordinates can take any value in [-C, C], e.g. the opposite
+  sign of every honest value), and it cannot name the node. Zero-knowledge range proofs on
+  the ciphertexts would be the full fix. The server rejects, naming
   the node, uploads that are malformed at the ciphertext level: other parameters, wrong
   number of blocks or digit planes, wrong length, undecodable or transparent ciphertexts,
   non-fresh ciphertexts. Byte-identical copies of another upload are accepted and

@@ -31,13 +31,26 @@ def emulate_trimmed_sum(shifted: np.ndarray, spec: CircuitSpec, digits: DigitPla
     a = np.asarray(shifted, dtype=np.int64)
     if a.ndim != 2 or a.shape[0] != spec.n:
         raise ValueError(f"expected ({spec.n}, d) values, got {a.shape}")
-    ops = EmulatorOps(spec.p)
     out = np.empty(a.shape[1], dtype=np.int64)
     for c0 in range(0, a.shape[1], _CHUNK):
         block = a[:, c0 : c0 + _CHUNK]
-        dig = [digits.split(row) for row in block]
-        res = trimmed_sum(ops, dig, spec)
-        out[c0 : c0 + block.shape[1]] = decode_centered(res, spec.p)
+        out[c0 : c0 + block.shape[1]] = emulate_digit_planes(np.stack([np.stack(digits.split(row)) for row in block]), spec)
+    return out
+
+
+def emulate_digit_planes(planes: np.ndarray, spec: CircuitSpec) -> np.ndarray:
+    """The signed trimmed sums (int64, one per column) of ``planes[i, k, j]``: node i's digit k
+    of coordinate j, as residues mod p -- what the nodes would encrypt, in range or not (a
+    node holding the key can encrypt any residue; the circuit then computes garbage there)."""
+    c = np.asarray(planes)
+    if c.ndim != 3 or c.shape[:2] != (spec.n, spec.digits):
+        raise ValueError(f"expected ({spec.n}, {spec.digits}, d) digit planes, got {c.shape}")
+    ops = EmulatorOps(spec.p)
+    out = np.empty(c.shape[2], dtype=np.int64)
+    for c0 in range(0, c.shape[2], _CHUNK):
+        block = c[:, :, c0 : c0 + _CHUNK].astype(np.int64) % spec.p
+        res = trimmed_sum(ops, [list(node) for node in block], spec)
+        out[c0 : c0 + block.shape[2]] = decode_centered(res, spec.p)
     return out
 
 
