@@ -50,7 +50,8 @@ def test_singular_covariance_verdict_with_rank():
 def test_nonsingular_gsgd_gives_theorem2_epsilon():
     users = _users(6, 60, 3, seed=1)
     b = 2
-    a = audit_round(users, mechanism="gsgd", batch_size=b, clip=C, delta=1e-5)
+    # the conservative options (the former defaults): update scale 1/(BD), Λ − s·C²
+    a = audit_round(users, mechanism="gsgd", batch_size=b, clip=C, delta=1e-5, scale="update", symmetric=True)
     explicit = [np.linalg.eigvalsh(u.numpy().T @ u.numpy() / (b * 60)).min() for u in users]
     np.testing.assert_allclose(a.lambda_min, explicit, rtol=1e-10)
     assert a.Lambda == pytest.approx(sum(explicit))
@@ -64,15 +65,29 @@ def test_nonsingular_gsgd_gives_theorem2_epsilon():
     # the aggregate λ_min is at least Λ, so its variant is never worse
     assert a.aggregate_lambda_min >= a.Lambda
     assert a.epsilon["theorem2[aggregate]"] <= a.epsilon["theorem2"]
-    # the Eq. (16) reading is less conservative
-    e16 = audit_round(users, mechanism="gsgd", batch_size=b, clip=C, delta=1e-5, scale="eq16")
+    # the defaults: Eq. (16) scale 1/D and the round's own Λ, less conservative
+    e16 = audit_round(users, mechanism="gsgd", batch_size=b, clip=C, delta=1e-5)
+    assert e16.scale == "eq16"
+    explicit16 = [np.linalg.eigvalsh(u.numpy().T @ u.numpy() / 60).min() for u in users]
+    np.testing.assert_allclose(e16.lambda_min, explicit16, rtol=1e-10)
+    assert e16.Lambda_used == e16.Lambda == pytest.approx(sum(explicit16))
+    np.testing.assert_array_equal(
+        e16.rdp["theorem2"], rdp_theorem2(e16.alphas, Lambda=e16.Lambda, clip=C, dataset_size=60, batch_size=b)
+    )
     assert e16.epsilon["theorem2"] < a.epsilon["theorem2"]
+    assert e16.verdict.startswith("DP without added noise (Theorem 2): ε = ")
 
 
 def test_lambda_too_small_gives_empty_domain():
     users = _users(2, 30, 3, seed=2)
-    a = audit_round(users, mechanism="gsgd", batch_size=50, clip=C, delta=1e-5)
+    # the update scale (B = 50 divides Λ by 50) empties the domain; Eq. (16) does not
+    a = audit_round(users, mechanism="gsgd", batch_size=50, clip=C, delta=1e-5, scale="update", symmetric=True)
     assert not a.dp_possible and "domain (1, DΛ/C²) is empty" in a.verdict
+    assert audit_round(users, mechanism="gsgd", batch_size=50, clip=C, delta=1e-5).dp_possible
+    flat = [u * torch.tensor([1.0, 1.0, 0.05], dtype=torch.float64) for u in users]  # λ_min ≈ 1e-3 < C²/D
+    e16 = audit_round(flat, mechanism="gsgd", batch_size=50, clip=C, delta=1e-5)
+    assert e16.Lambda < C**2 / 30 and e16.aggregate_lambda_min < C**2 / 30
+    assert not e16.dp_possible and "domain (1, DΛ/C²) is empty" in e16.verdict
 
 
 def test_noise_rows_and_wf_na_verdicts():

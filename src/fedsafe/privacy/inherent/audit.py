@@ -3,19 +3,22 @@
 Given every user's clipped per-example gradients for one FedSGD round (privileged information:
 the auditor plays the analyst who knows the data, not the server), :func:`audit_round` reports
 
-- per-user ``λ_min`` and rank of ``Σ_i = s_i G_iᵀG_i`` (``s_i = 1/(B·D_i)`` by default, see
-  :mod:`.bounds` reading 1), ``Λ = Σ_i λ_{i,min}``, and the aggregate covariance's λ_min and rank;
+- per-user ``λ_min`` and rank of ``Σ_i = s_i G_iᵀG_i`` (``s_i = 1/D_i``, Eq. 16, by default;
+  ``1/(B·D_i)`` with ``scale="update"``, see :mod:`.bounds` reading 1), ``Λ = Σ_i λ_{i,min}``,
+  and the aggregate covariance's λ_min and rank;
 - Theorem 1's span check for candidate records;
 - per-round RDP curves ε(α) for every bound that applies to the mechanism, each ``inf`` outside
-  its α domain, and (ε, δ) when ``delta`` is given;
+  its α domain, and (ε, δ) when ``delta`` is given (α optimised continuously, the bound being
+  known in closed form);
 - a verdict: "no DP without noise" with the reason (IID sampling; deterministic GD; singular
   covariance with its rank; a candidate outside the span; Λ too small), or the ε of the theorem.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Literal
 
 import numpy as np
@@ -52,7 +55,7 @@ class RoundAudit:
     Attributes:
         mechanism, noise: the Table 1 row audited.
         dim: d.  num_users: N.  dataset_size: the D used by the bounds (smallest over users).
-        scale: covariance reading, ``"update"`` (1/(BD), default) or ``"eq16"`` (1/D).
+        scale: covariance reading, ``"eq16"`` (1/D, default) or ``"update"`` (1/(BD)).
         lambda_min: per-user λ_min of Σ_i on that scale (0 when singular).
         ranks: per-user rank of Σ_i.
         Lambda: Σ_i λ_{i,min}.  Lambda_used: the value fed to Theorem 2 (``Λ − s·C²`` when
@@ -99,6 +102,10 @@ def _fmt(x: float) -> str:
     return f"{x:.4g}"
 
 
+def _no_guarantee(alphas: NDArray[np.float64]) -> NDArray[np.float64]:
+    return np.full_like(alphas, np.inf)
+
+
 def audit_round(
     user_grads: Sequence[torch.Tensor | ArrayLike],
     *,
@@ -109,8 +116,8 @@ def audit_round(
     sigma2: float | None = None,
     alphas: ArrayLike = DEFAULT_ALPHAS,
     delta: float | None = None,
-    scale: Literal["update", "eq16"] = "update",
-    symmetric: bool = True,
+    scale: Literal["eq16", "update"] = "eq16",
+    symmetric: bool = False,
     candidates: torch.Tensor | ArrayLike | None = None,
     rtol: float = DEFAULT_RTOL,
     eig_method: Literal["auto", "gram", "dense", "lanczos"] = "auto",
@@ -125,8 +132,10 @@ def audit_round(
             the WF-NA floor), required unless ``noise="none"``.
         batch_size: B.  clip: C.
         alphas: RDP orders.  delta: if given, every curve is also converted to (ε, δ).
-        scale: covariance reading for Theorems 2–3 (module :mod:`.bounds`, reading 1).
-        symmetric: use ``Λ − s·C²`` so the bound covers both orders of the neighbouring pair.
+        scale: covariance reading for Theorems 2–3: ``"eq16"`` (default) or the conservative
+            ``"update"`` (module :mod:`.bounds`, reading 1).
+        symmetric: feed Theorems 2–3 ``Λ − s·C²`` instead of the round's Λ (conservative; the
+            round's Λ already covers both orders of the neighbouring pair, reading 5).
         candidates: gradients ``g'`` of candidate replacement records, ``(m, d)``, for
             Theorem 1's span check.
         rtol: relative eigenvalue tolerance for ranks.
@@ -139,8 +148,8 @@ def audit_round(
         raise ValueError(f"noise must be one of {NOISES}, got {noise!r}")
     if noise != "none" and (sigma2 is None or sigma2 <= 0):
         raise ValueError(f"noise={noise!r} needs sigma2 > 0, got {sigma2}")
-    if scale not in ("update", "eq16"):
-        raise ValueError(f"scale must be 'update' or 'eq16', got {scale!r}")
+    if scale not in ("eq16", "update"):
+        raise ValueError(f"scale must be 'eq16' or 'update', got {scale!r}")
     if clip <= 0 or batch_size < 1:
         raise ValueError(f"need clip > 0 and batch_size >= 1, got clip={clip}, batch_size={batch_size}")
     if len(user_grads) == 0:
@@ -186,7 +195,7 @@ def audit_round(
 
     a = np.atleast_1d(np.asarray(alphas, dtype=np.float64))
     bk = dict(clip=clip, dataset_size=n_min, batch_size=batch_size)
-    rdp: dict[str, NDArray[np.float64]] = {}
+    curves: dict[str, Callable[[NDArray[np.float64]], NDArray[np.float64]]] = {}
     special_eps: dict[str, float] = {}
     primary: str | None = None
     reason = ""
@@ -194,28 +203,28 @@ def audit_round(
 
     if noise == "none":
         if mechanism == "sgd_iid":
-            rdp["theorem1"] = np.full_like(a, np.inf)
+            curves["theorem1"] = _no_guarantee
             reason = (
                 "IID minibatch sampling: the sum takes finitely many values, so a record whose gradient "
                 f"leaves them is exposed whenever it is sampled (Theorem 1, §4.3): ε = ∞ for δ < B/D = "
                 f"{_fmt(batch_size / n_min)}"
             )
         elif mechanism == "gd":
-            rdp["theorem1"] = np.full_like(a, np.inf)
+            curves["theorem1"] = _no_guarantee
             reason = "full-batch GD is deterministic: any change of a record's gradient moves the released sum (ε = ∞)"
         else:
-            rdp["theorem2"] = rdp_theorem2(a, Lambda=Lambda_used, **bk)
-            rdp["theorem2[aggregate]"] = rdp_theorem2(a, Lambda=agg_used, **bk)
+            curves["theorem2"] = partial(rdp_theorem2, Lambda=Lambda_used, **bk)
+            curves["theorem2[aggregate]"] = partial(rdp_theorem2, Lambda=agg_used, **bk)
             if agg.singular:
-                rdp["theorem3[conditional]"] = rdp_theorem3(a, Lambda_star=star_used, **bk)
+                curves["theorem3[conditional]"] = partial(rdp_theorem3, Lambda_star=star_used, **bk)
                 reason = (
                     f"singular covariance, {dims_txt}: a record whose gradient leaves the rank-"
                     f"{agg.rank} span is detected with certainty (Theorem 1); Theorem 3's ε holds only "
                     "for neighbours inside that span"
                 )
-            elif np.isfinite(rdp["theorem2"]).any():
+            elif np.isfinite(curves["theorem2"](a)).any():
                 primary = "theorem2"
-            elif np.isfinite(rdp["theorem2[aggregate]"]).any():
+            elif np.isfinite(curves["theorem2[aggregate]"](a)).any():
                 primary = "theorem2[aggregate]"
             else:
                 thresh = clip * clip / n_min
@@ -233,15 +242,15 @@ def audit_round(
             )
     elif noise == "isotropic":
         row = f"{mechanism}+isotropic"
-        rdp[f"table1:{row}"] = rdp_table1(row, a, num_users=n_users, sigma2=sigma2, **bk)
+        curves[f"table1:{row}"] = partial(rdp_table1, row, num_users=n_users, sigma2=sigma2, **bk)
         primary = f"table1:{row}"
         if delta is not None and mechanism in ("sgd_iid", "gd"):
             special_eps[primary] = dp_table1_closed_form(row, delta, num_users=n_users, sigma2=sigma2, **bk)
     else:
         row = f"{mechanism}+wf_na"
-        rdp[f"table1:{row}"] = rdp_table1(row, a, num_users=n_users, sigma2=sigma2, **bk)
+        curves[f"table1:{row}"] = partial(rdp_table1, row, num_users=n_users, sigma2=sigma2, **bk)
         if mechanism == "gsgd":
-            rdp["theorem4"] = rdp_theorem4(a, num_users=n_users, sigma2=sigma2, **bk)
+            curves["theorem4"] = partial(rdp_theorem4, num_users=n_users, sigma2=sigma2, **bk)
             primary = "theorem4"
         else:
             reason = (
@@ -250,10 +259,11 @@ def audit_round(
                 "discrete or deterministic, so Theorem 1's condition is not guaranteed"
             )
 
+    rdp = {k: f(a) for k, f in curves.items()}
     epsilon: dict[str, float] = {}
     if delta is not None:
         for k, curve in rdp.items():
-            epsilon[k] = special_eps.get(k, rdp_to_dp(a, curve, delta, conversion=conversion)[0])
+            epsilon[k] = special_eps.get(k, rdp_to_dp(a, curve, delta, conversion=conversion, rdp_fn=curves[k])[0])
 
     if primary is not None and not np.isfinite(rdp[primary]).any():
         primary, reason = None, reason or f"{primary} gives no finite RDP on the supplied α grid"
