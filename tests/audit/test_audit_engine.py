@@ -8,6 +8,8 @@ from typer.testing import CliRunner
 from fedsafe.cli import app
 from fedsafe.config import ConfigError, validate
 from fedsafe.engine.run import run_experiment
+from fedsafe.report import find_runs
+from fedsafe.report.table import summary_table
 
 
 def cfg(z, **over):
@@ -29,12 +31,19 @@ def test_audit_reports_estimates_and_they_fall_with_noise(tmp_path):
     for s in (s_low, s_high):
         for k in ("eps_est_final", "eps_est_all", "eps_lo_final", "eps_lo_all", "eps_analytical"):
             assert k in s
+        for k in ("eps_est_final_fitted", "eps_est_all_fitted", "eps_lo_valid_final", "eps_lo_valid_all"):
+            assert isinstance(s[k], float) and s[k] >= 0, k
     assert s_low["eps_est_final"] > s_high["eps_est_final"]
     assert s_low["eps_est_all"] >= s_low["eps_est_final"] * 0.5
     saved = json.loads((tmp_path / "low" / "summary.json").read_text())
     assert saved["eps_est_final"] == pytest.approx(s_low["eps_est_final"])
     assert (tmp_path / "low" / "audit_final.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "low" / "audit_all.png").exists()
+    # `fedsafe report` shows the valid bound beside the paper's ε_lo.
+    cols = {c.header: list(c.cells) for c in summary_table(find_runs([tmp_path / "low"])).columns}
+    assert cols["ε_lo final"] == [format(s_low["eps_lo_final"], ".3g")]
+    assert cols["95% lo final"] == [format(s_low["eps_lo_valid_final"], ".3g")]
+    assert cols["95% lo all"] == [format(s_low["eps_lo_valid_all"], ".3g")]
 
 
 def test_audit_needs_dp_fedavg():

@@ -4,7 +4,9 @@
   schedule of presentations) and :class:`CanaryTracker` (chunked final / max-over-rounds cosines).
 - :mod:`~fedsafe.audit.observer`: :class:`CanaryAudit`, the three calls the engine makes.
 - :mod:`~fedsafe.audit.estimators`: ε from cosines. The default is the equal-variance (μ-GDP)
-  estimator; the paper's threshold line search on a fitted σ̂ is biased upward (module doc).
+  estimator; the paper's fitted-σ̂ estimate is reported beside it and is biased upward. The
+  paper's ε_lo is an optimistic threshold-maximised statistic; ``held_out_lower_bound`` (a
+  threshold chosen on half the canaries, Clopper–Pearson on the other half) is a valid 95% bound.
 - :mod:`~fedsafe.audit.analytic`: the analytic Gaussian mechanism (Balle & Wang 2018).
 - :mod:`~fedsafe.audit.gaussian`: Table 1, the one-shot audit of the Gaussian mechanism.
 - :mod:`~fedsafe.audit.figures`: histogram of canary cosines against the null.
@@ -22,9 +24,11 @@ from fedsafe.audit.distributions import CosineNull, Normal
 from fedsafe.audit.estimators import (
     DEFAULT_ESTIMATOR,
     audit_summary,
+    clopper_pearson_upper,
     empirical_lower_bound,
     equal_variance_epsilon,
     equal_variance_mu,
+    held_out_lower_bound,
     jeffreys_upper,
     likelihood_ratio_epsilon,
     threshold_epsilon,
@@ -46,6 +50,7 @@ __all__ = [
     "analytic_gaussian_epsilon",
     "audit_summary",
     "calibrate_analytic_gaussian",
+    "clopper_pearson_upper",
     "empirical_lower_bound",
     "equal_variance_epsilon",
     "equal_variance_mu",
@@ -53,6 +58,7 @@ __all__ = [
     "gaussian_table1",
     "gdp_delta",
     "gdp_epsilon",
+    "held_out_lower_bound",
     "histogram_figure",
     "jeffreys_upper",
     "likelihood_ratio_epsilon",

@@ -31,7 +31,7 @@ __all__ = ["AuditResult", "CanaryAudit"]
 
 @dataclass
 class AuditResult:
-    summary: dict  # audit_summary(...): eps_est_final, eps_est_all, eps_lo_final, eps_lo_all, ...
+    summary: dict  # audit_summary(...): eps_est_final, eps_est_all, eps_lo_valid_final, ...
     final_obs: np.ndarray
     final_unobs: np.ndarray
     all_obs: np.ndarray
@@ -124,12 +124,13 @@ class CanaryAudit:
 
         files = [npz, plot_histogram(
             out / "audit_final.png", result.final_obs, result.final_unobs if result.final_unobs.size else None,
-            result.dim, title=f"final model: ε_est {fmt('eps_est_final')}, ε_lo {fmt('eps_lo_final')}",
+            result.dim,
+            title=f"final model: ε_est {fmt('eps_est_final')}, 95% lower bound {fmt('eps_lo_valid_final')}",
         )]
         if s.get("eps_est_all") is not None or s.get("eps_lo_all") is not None:
             files.append(plot_histogram(
                 out / "audit_all.png", result.all_obs, result.all_unobs, result.dim, null_curve=False,
-                title=f"max over rounds: ε_est {fmt('eps_est_all')}, ε_lo {fmt('eps_lo_all')}",
+                title=f"max over rounds: ε_est {fmt('eps_est_all')}, 95% lower bound {fmt('eps_lo_valid_all')}",
             ))
         result.files = files
         return files

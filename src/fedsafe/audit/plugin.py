@@ -4,8 +4,9 @@ Canary clients join rounds as extra participants (``extra_messages``): each send
 unit direction scaled to the round's clip norm, so clipping leaves it unchanged and it is noised
 with everyone else. After DP noise is added, the released aggregate is folded into the
 max-over-rounds cosines (``transform_aggregate``, after the DP plugin). At the end the cosines
-with the final model give ε_est and the Jeffreys lower bounds, written to ``summary.json`` and
-as histograms of canary cosines against the null.
+with the final model (and the max-over-rounds ones) give ε_est (equal-variance, and the paper's
+fitted-σ̂ one), the paper's optimistic ε_lo and a valid held-out 95% lower bound, written to
+``summary.json`` and as histograms of canary cosines against the null.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ class AuditConfig(BaseModel):
     unobserved: int = Field(0, ge=0, description="canaries tracked but never inserted (0, or >= 2 for ε-all)")
     repetitions: int = Field(1, ge=1, description="presentations of each canary, spread over rounds")
     delta: float | None = Field(None, gt=0, lt=1, description="δ of the estimates (default num_clients^-1.1)")
-    alpha: float = Field(0.05, gt=0, lt=1, description="1 − confidence of the lower bounds")
+    alpha: float = Field(
+        0.05, gt=0, lt=1, description="1 − confidence of the lower bound eps_lo_valid_* (and of the paper's eps_lo_*)"
+    )
     chunk_size: int = Field(256, ge=1, description="canaries per chunk when computing cosines")
     cache_mb: int = Field(256, ge=0, description="keep canaries in memory up to this size")
     final: Literal["model", "delta"] = Field(
@@ -82,7 +85,8 @@ class AuditPlugin(Plugin):
         result = self.audit.finish(final, self.delta, noise_multiplier=self.noise_multiplier, alpha=self.cfg.alpha)
         if fed.out_dir is not None:
             CanaryAudit.write(fed.out_dir, result)
-        keys = ("eps_est_final", "eps_est_all", "eps_lo_final", "eps_lo_all", "eps_analytical")
+        keys = ("eps_est_final", "eps_est_all", "eps_est_final_fitted", "eps_est_all_fitted", "eps_lo_final",
+                "eps_lo_all", "eps_lo_valid_final", "eps_lo_valid_all", "eps_analytical")
         return {**{k: result.summary.get(k) for k in keys}, "audit": result.summary}
 
     def state_dict(self) -> dict[str, Any]:
