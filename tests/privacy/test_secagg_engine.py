@@ -55,3 +55,19 @@ def test_central_dp_refused_with_secagg_and_distributed_runs():
                                                 "secagg.clip": 2.0}))
     fed.run()
     assert fed.rows[-1]["epsilon"] > 0
+
+
+def test_thresholds_of_at_most_half_a_share_group_are_refused_naming_the_key():
+    for t in (2, 4, 0.34):
+        with pytest.raises(ConfigError, match=r"secagg\.threshold"):
+            cfg(protocol="secagg", **{"secagg.threshold": t})
+    cfg(protocol="secagg", **{"secagg.threshold": 5})  # 5 of 8: a strict majority
+
+
+def test_active_adversary_variant_trains_the_same_model():
+    semi = Federation(cfg(protocol="secagg", rounds=3))
+    active = Federation(cfg(protocol="secagg", rounds=3, **{"secagg.adversary": "active"}))
+    semi.run(), active.run()
+    assert torch.equal(semi.state.params, active.state.params)  # the masks cancel exactly either way
+    row = active.rows[-1]
+    assert row["secagg_consistency_seconds"] > 0 and row["bytes_down"] > semi.rows[-1]["bytes_down"]

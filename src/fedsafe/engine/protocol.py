@@ -70,6 +70,7 @@ class PlainProtocol:
             },
             seen={"server": "individual updates"},
             metrics={"excluded_nonfinite": float(excluded)},
+            included=tuple(int(m.client_id) for m, keep in zip(messages, ok.tolist()) if keep),
         )
 
 

@@ -42,6 +42,9 @@ class Aggregate:
     cost: dict[str, float] = field(default_factory=dict)
     seen: dict[str, object] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
+    # ids of the clients whose vectors are in ``vector`` (None: the protocol does not say); DP
+    # accounts distributed noise from the honest ones among them
+    included: tuple[int, ...] | None = None
 
 
 def stack_messages(messages: list[Message]) -> Tensor:

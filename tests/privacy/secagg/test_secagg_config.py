@@ -68,7 +68,7 @@ def test_encode_refuses_non_finite():
 
 @pytest.mark.parametrize(
     "threshold,n,k,t",
-    [(0.5, 10, None, 6), (0.5, 9, None, 5), (2 / 3, 10, None, 7), (2 / 3, 3, None, 3), (4, 10, None, 4),
+    [(0.5, 10, None, 6), (0.5, 9, None, 5), (2 / 3, 10, None, 7), (2 / 3, 3, None, 3), (6, 10, None, 6),
      (0.5, 100, 10, 6), (0.5, 100, None, 8)],
 )
 def test_share_threshold(threshold, n, k, t):
@@ -101,7 +101,7 @@ def test_default_k_is_logarithmic_and_even():
         ({"clip": 0}, "greater than 0"),
         ({"clip": float("inf")}, "finite"),
         ({"threshold": 1}, "count must be >= 2"),
-        ({"threshold": 1.0}, r"fraction must be in \(0, 1\)"),
+        ({"threshold": 1.0}, r"fraction must be in \[0.5, 1\)"),
         ({"threshold": True}, "boolean"),
         ({"k": 4}, "only used with graph = 'k_regular'"),
         ({"graph": "k_regular", "k": 5}, "even"),

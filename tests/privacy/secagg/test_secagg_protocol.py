@@ -159,3 +159,31 @@ def test_secagg_training_on_digits_matches_plain_up_to_quantization():
     assert abs(sec.rows[-1]["test_accuracy"] - plain.rows[-1]["test_accuracy"]) <= 0.01
     row = sec.rows[-1]
     assert row["secagg_survivors"] == 8 and row["secagg_mask_seconds"] > 0 and row["secagg_bytes_up"] > 0
+
+
+def test_active_protocol_enrols_clients_once_and_aggregates_exactly_like_semi_honest():
+    n = 8
+    msgs = messages(n)
+    proto = SecAggProtocol(SecAggConfig(adversary="active"), key_seed=1)
+    a = proto.aggregate(msgs, mean_pipe(), ctx(n, round_=1))
+    keys = proto.enrolment.directory.entries()
+    assert sorted(keys) == [m.client_id for m in msgs]
+    b = proto.aggregate(msgs[:6], mean_pipe(), ctx(6, round_=2))
+    assert proto.enrolment.directory.entries() == keys  # long-term keys: same across rounds
+    semi = SecAggProtocol(SecAggConfig()).aggregate(msgs, mean_pipe(), ctx(n, round_=1))
+    assert torch.equal(a.vector, semi.vector)
+    assert b.metrics["secagg_survivors"] == 6
+    assert a.cost["secagg_consistency_seconds"] > 0 and a.metrics["secagg_dropped_consistency"] == 0
+    # signatures cost bytes: 64 per signed key pair relayed and per signature forwarded
+    assert a.cost["bytes_down"] > semi.cost["bytes_down"] + 2 * 64 * n * (n - 1)
+    assert "secagg_consistency_seconds" not in semi.cost
+
+
+def test_active_dropouts_include_the_consistency_stage():
+    n = 12
+    cfg = SecAggConfig(adversary="active", dropout=0.1)
+    agg = SecAggProtocol(cfg).aggregate(messages(n), mean_pipe(), ctx(n, round_=3))
+    assert sum(agg.metrics[f"secagg_dropped_{s}"] for s in cfg.stages) >= 1
+    assert "secagg_dropped_consistency" in agg.metrics
+    with pytest.raises(ValueError, match="only with secagg.adversary = 'active'"):
+        SecAggConfig(dropout_stages=("consistency",))

@@ -8,15 +8,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fedsafe.privacy.secagg import STAGES, InMemoryTransport, SecAggConfig, SecAggError
+from fedsafe.privacy.secagg import InMemoryTransport, SecAggConfig, SecAggError
 from fedsafe.privacy.secagg.client import ClientParty
 from fedsafe.privacy.secagg.crypto import SeededRandomness
+from fedsafe.privacy.secagg.pki import Enrolment
 from fedsafe.privacy.secagg.server import ServerParty
 from fedsafe.privacy.secagg.shamir import PRIME
 from fedsafe.privacy.secagg.wire import (
-    HEADER_BYTES, SEALED_BYTES, SERVER, Advertise, Forward, Header, Keys, Limits, Masked, MsgType, Setup,
-    ShareKind, SharePlaintext, Shares, Unmask, UnmaskRequest, decode, decode_share_plaintext, encode,
-    encode_share_plaintext,
+    HEADER_BYTES, SEALED_BYTES, SERVER, Advertise, ConsistencyCheck, ConsistencySignature, Forward, Header, Keys,
+    Limits, Masked, MsgType, Setup, ShareKind, SharePlaintext, Shares, SignedAdvertise, SignedKeys, Signatures,
+    Unmask, UnmaskRequest, decode, decode_share_plaintext, encode, encode_share_plaintext,
 )
 
 IDS = [0, 1, 2]
@@ -43,6 +44,14 @@ SAMPLES = {
     MsgType.UNMASK_REQUEST: (Header(MsgType.UNMASK_REQUEST, SESSION, 1, SERVER, 0), UnmaskRequest((0, 2), (1,))),
     MsgType.UNMASK: (Header(MsgType.UNMASK, SESSION, 1, 0, SERVER),
                      Unmask(((0, ShareKind.SELF_MASK_SEED, 5), (1, ShareKind.MASK_KEY, PRIME - 1)))),
+    MsgType.SIGNED_ADVERTISE: (Header(MsgType.SIGNED_ADVERTISE, SESSION, 1, 0, SERVER),
+                               SignedAdvertise(pk(1), pk(2), b"s" * 64)),
+    MsgType.SIGNED_KEYS: (Header(MsgType.SIGNED_KEYS, SESSION, 1, SERVER, 0),
+                          SignedKeys(((1, pk(3), pk(4), b"a" * 64), (2, pk(5), pk(6), b"b" * 64)))),
+    MsgType.CONSISTENCY_CHECK: (Header(MsgType.CONSISTENCY_CHECK, SESSION, 1, SERVER, 0), ConsistencyCheck((0, 1, 2))),
+    MsgType.CONSISTENCY_SIGNATURE: (Header(MsgType.CONSISTENCY_SIGNATURE, SESSION, 1, 0, SERVER),
+                                    ConsistencySignature(b"c" * 64)),
+    MsgType.SIGNATURES: (Header(MsgType.SIGNATURES, SESSION, 1, SERVER, 0), Signatures(((0, b"d" * 64), (2, b"e" * 64)))),
 }
 
 
@@ -88,6 +97,21 @@ def test_share_plaintext_round_trip_and_checks():
         (MsgType.UNMASK, lambda b: b[:2] + b"\x02" + b[3:], "version"),
         (MsgType.UNMASK, lambda b: b[:3] + b"\x63" + b[4:], "type"),
         (MsgType.UNMASK, lambda b: b[:3] + bytes([MsgType.KEYS]) + b[4:], "sender"),  # downlink type from a client
+        (MsgType.SIGNED_ADVERTISE, lambda b: b[:-1], "signature"),
+        (MsgType.SIGNED_ADVERTISE, lambda b: b + b"\x00", "length"),
+        (MsgType.SIGNED_ADVERTISE, lambda b: b[:HEADER_BYTES] + pk(1) + pk(1) + b[-64:], "s_pk"),
+        (MsgType.SIGNED_KEYS, lambda b: b[:HEADER_BYTES] + struct.pack("!H", 3) + b[HEADER_BYTES + 2 :], "entries[2].id"),
+        (MsgType.SIGNED_KEYS, lambda b: b[:-1], "entries[1].signature"),
+        (MsgType.SIGNED_KEYS, lambda b: b[:HEADER_BYTES + 38] + pk(3) + b[HEADER_BYTES + 70 :], "entries[0].s_pk"),
+        (MsgType.SIGNED_KEYS, lambda b: b[:HEADER_BYTES + 2] + struct.pack("!I", SERVER) + b[HEADER_BYTES + 6 :],
+         "entries[0].id"),
+        (MsgType.CONSISTENCY_CHECK, lambda b: b[:-4] + struct.pack("!I", 1), "survivors"),  # repeated id
+        (MsgType.CONSISTENCY_CHECK, lambda b: b[:HEADER_BYTES] + struct.pack("!H", 0), "survivors.count"),
+        (MsgType.CONSISTENCY_CHECK, lambda b: b[:3] + bytes([MsgType.CONSISTENCY_SIGNATURE]) + b[4:], "recipient"),
+        (MsgType.CONSISTENCY_SIGNATURE, lambda b: b[:-1], "signature"),
+        (MsgType.CONSISTENCY_SIGNATURE, lambda b: b + b"\x00", "length"),
+        (MsgType.SIGNATURES, lambda b: b[:HEADER_BYTES + 2] + struct.pack("!I", 3) + b[HEADER_BYTES + 6 :], "entries.id"),
+        (MsgType.SIGNATURES, lambda b: b[:-1], "entries[1].signature"),
     ],
 )
 def test_malformed_fields_are_named(mtype, mutate, field):
@@ -182,13 +206,26 @@ def test_fuzz_share_plaintext(data):
 # --- fuzzing: parties mid-round ---------------------------------------------------------------
 
 
-def parties_at(stage: int):
+ENROLMENT = Enrolment(lambda cid: SeededRandomness(1, f"enrol/{cid}"))
+ENROLMENT.enrol(IDS)
+MODES = {"semi_honest": SecAggConfig(), "active": SecAggConfig(adversary="active")}
+STAGE_CASES = [(mode, i) for mode, cfg in MODES.items() for i in range(len(cfg.stages))]
+
+
+def parties_at(stage: int, mode: str = "semi_honest"):
     """Server and clients of a 3-client round after ``stage`` stages (deterministic keys)."""
+    cfg = MODES[mode]
+    active = mode == "active"
     net = InMemoryTransport()
-    server = ServerParty(IDS, SecAggConfig(), D, net, round_=1, rand=SeededRandomness(1, "server"))
-    clients = {c: ClientParty(c, np.full(D, 0.1 * c), net, round_=1, rand=SeededRandomness(1, f"c{c}")) for c in IDS}
+    server = ServerParty(IDS, cfg, D, net, round_=1, rand=SeededRandomness(1, "server"),
+                         directory=ENROLMENT.directory if active else None)
+    clients = {
+        c: ClientParty(c, np.full(D, 0.1 * c), net, round_=1, rand=SeededRandomness(1, f"c{c}"),
+                       identity=ENROLMENT.identity(c) if active else None)
+        for c in IDS
+    }
     server.start()
-    for _ in STAGES[:stage]:
+    for _ in cfg.stages[:stage]:
         for c in IDS:
             clients[c].step()
             server.step()
@@ -196,8 +233,8 @@ def parties_at(stage: int):
     return server, clients, net
 
 
-def valid_traffic(stage: int):
-    server, clients, net = parties_at(stage)
+def valid_traffic(stage: int, mode: str = "semi_honest"):
+    server, clients, net = parties_at(stage, mode)
     down = net.receive(0)  # what client 0 is sent for this stage
     for c in IDS:
         if c == 0:
@@ -209,14 +246,14 @@ def valid_traffic(stage: int):
     return down, up
 
 
-TRAFFIC = {i: valid_traffic(i) for i in range(len(STAGES))}
+TRAFFIC = {case: valid_traffic(case[1], case[0]) for case in STAGE_CASES}
 
 
 @FUZZ
-@given(data=st.data(), stage=st.integers(0, len(STAGES) - 1))
-def test_fuzz_server_receiving_mutated_client_messages(data, stage):
-    server, _, _ = parties_at(stage)
-    _, up = TRAFFIC[stage]
+@given(data=st.data(), case=st.sampled_from(STAGE_CASES))
+def test_fuzz_server_receiving_mutated_client_messages(data, case):
+    server, _, _ = parties_at(case[1], case[0])
+    _, up = TRAFFIC[case]
     sender, payload = data.draw(st.sampled_from(up))
     bad = data.draw(st.one_of(mutated(payload), st.binary(max_size=200)))
     try:
@@ -230,11 +267,11 @@ def test_fuzz_server_receiving_mutated_client_messages(data, stage):
 
 
 @FUZZ
-@given(data=st.data(), stage=st.integers(0, len(STAGES) - 1))
-def test_fuzz_client_receiving_mutated_server_messages(data, stage):
-    _, clients, net = parties_at(stage)
+@given(data=st.data(), case=st.sampled_from(STAGE_CASES))
+def test_fuzz_client_receiving_mutated_server_messages(data, case):
+    _, clients, net = parties_at(case[1], case[0])
     net.receive(0)
-    down, _ = TRAFFIC[stage]
+    down, _ = TRAFFIC[case]
     (_, payload), = down
     bad = data.draw(st.one_of(mutated(payload), st.binary(max_size=200)))
     try:
@@ -249,16 +286,16 @@ def test_fuzz_client_receiving_mutated_server_messages(data, stage):
 
 def test_out_of_order_duplicate_replay_and_misaddressed_messages_name_sender_and_field():
     server, clients, net = parties_at(1)  # server expects SHARES
-    _, up = TRAFFIC[1]
+    _, up = TRAFFIC["semi_honest", 1]
     s0, shares0 = up[0]
     server.receive(s0, shares0)
     with pytest.raises(SecAggError, match=f"from client {s0}, field 'type': duplicate SHARES"):
         server.receive(s0, shares0)
-    _, up_mask = TRAFFIC[2]
+    _, up_mask = TRAFFIC["semi_honest", 2]
     s1, masked1 = up_mask[1]
     with pytest.raises(SecAggError, match=f"from client {s1}, field 'type': out of order: MASKED in stage 'share'"):
         server.receive(s1, masked1)
-    _, up_adv = TRAFFIC[0]
+    _, up_adv = TRAFFIC["semi_honest", 0]
     s2, adv2 = up_adv[2]
     with pytest.raises(SecAggError, match=f"from client {s2}, field 'type': duplicate ADVERTISE"):
         server.receive(s2, adv2)
@@ -277,7 +314,7 @@ def test_out_of_order_duplicate_replay_and_misaddressed_messages_name_sender_and
 
 def test_server_refuses_shares_for_the_wrong_neighbours_and_key_reuse():
     server, _, _ = parties_at(0)
-    _, up = TRAFFIC[0]
+    _, up = TRAFFIC["semi_honest", 0]
     (s0, a0), (s1, a1), _ = up
     server.receive(s0, a0)
     _, body = decode(a0, s0)

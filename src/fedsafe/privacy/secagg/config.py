@@ -12,10 +12,16 @@ Choices (documented here once, used everywhere):
   neighbours (all other participants for the complete graph, Bonawitz et al. 2017; ``k``
   neighbours for SecAgg+, Bell et al. 2020), so the group has ``g = n`` or ``g = k + 1``
   members. A fractional ``threshold`` ``f`` gives ``t = floor(f g) + 1`` (strictly more than a
-  fraction ``f`` of the group); an integer gives ``t`` directly. The default ``f = 1/2`` asks for
-  an honest majority of every group: against the semi-honest server plus fewer than ``t``
-  colluding clients no client's secrets can be reconstructed, and up to ``g - t`` of a group may
-  drop out. (Bonawitz et al.'s active-adversary variant needs ``f = 2/3``; set it explicitly.)
+  fraction ``f`` of the group); an integer gives ``t`` directly. Either way ``t`` must be a
+  strict majority of the group, ``floor(g/2) + 1 <= t <= g`` (:func:`min_threshold`), so a
+  fraction must be in ``[1/2, 1)``: each honest holder reveals one of a client's two secrets,
+  never both, so a server that asks different holders for different secrets of one client
+  (telling some it survived and others it dropped) collects ``t`` shares of both only if two
+  disjoint sets of ``t`` holders exist, i.e. ``2 t <= g``. Every client checks the ``t`` the
+  server announces against its own group, so a server cannot lower it. With ``c`` clients of a
+  group colluding with the server (each reveals both shares) the condition is
+  ``t > (g + c) / 2``; Bonawitz et al.'s active-adversary analysis takes ``c < n/3`` and
+  ``t > 2n/3``: set ``threshold = 0.67`` for that. Up to ``g - t`` of a group may drop out.
   A round also aborts when fewer than ``t`` clients send masked inputs, so the server never
   learns a sum of fewer than ``t >= 2`` inputs.
 * **Neighbours (SecAgg+).** A random Harary graph (Bell et al.): participants are placed on a
@@ -34,8 +40,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from fedsafe.privacy.secagg.errors import SecAggError
 
-STAGES = ("advertise", "share", "mask", "unmask")
-Stage = Literal["advertise", "share", "mask", "unmask"]
+STAGES = ("advertise", "share", "mask", "unmask")  # semi-honest protocol
+ACTIVE_STAGES = ("advertise", "share", "mask", "consistency", "unmask")  # adversary = "active"
+Stage = Literal["advertise", "share", "mask", "consistency", "unmask"]
+Adversary = Literal["semi_honest", "active"]
 
 MAX_QUANT_BITS = 52  # float64 resolution: finer levels than this cannot be told apart
 
@@ -52,12 +60,20 @@ class SecAggConfig(BaseModel):
     )
     clip: float = Field(1.0, gt=0, allow_inf_nan=False, description="coordinates clipped to [-clip, clip]")
     threshold: int | float = Field(
-        0.5, description="fraction f of each share group (t = floor(f g) + 1), or a count t >= 2"
+        0.5, description="fraction f in [0.5, 1) of each share group (t = floor(f g) + 1), or a count t "
+        "with g/2 < t <= g",
+    )
+    adversary: Adversary = Field(
+        "semi_honest",
+        description="semi_honest: the server follows the protocol (Bonawitz et al. Fig. 4 without "
+        "signatures); active: a malicious server (signed keys from a PKI and the consistency check)",
     )
     graph: Literal["complete", "k_regular"] = "complete"
     k: int | None = Field(None, ge=2, description="neighbours per client for k_regular (even)")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="simulated dropout probability per client per stage")
-    dropout_stages: tuple[Stage, ...] = Field(STAGES, min_length=1)
+    dropout_stages: tuple[Stage, ...] | None = Field(
+        None, min_length=1, description="stages at which simulated dropouts happen; default: every stage"
+    )
     placement: Literal["local", "ray"] = Field(
         "local", description="where client parties run: this process, or one Ray actor each"
     )
@@ -75,25 +91,43 @@ class SecAggConfig(BaseModel):
         if isinstance(v, int):
             if v < 2:
                 raise ValueError(f"threshold as a count must be >= 2 (one share would be the secret), got {v}")
-        elif not (0.0 < v < 1.0) or not math.isfinite(v):
-            raise ValueError(f"threshold as a fraction must be in (0, 1), got {v}; give a count as an integer")
+        elif not math.isfinite(v) or not 0.0 < v < 1.0:
+            raise ValueError(f"secagg.threshold as a fraction must be in [0.5, 1), got {v}; give a count as an integer")
+        elif v < 0.5:
+            raise ValueError(
+                f"secagg.threshold = {v} is at most half of most share groups (t = floor({v} g) + 1 <= g/2), "
+                "which lets a server rebuild both secrets of a client from two halves of its group; "
+                "valid: a fraction in [0.5, 1), or a count t with g/2 < t <= g"
+            )
         return v
 
     @field_validator("dropout_stages")
     @classmethod
-    def _stages(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        if len(set(v)) != len(v):
+    def _stages(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if v is not None and len(set(v)) != len(v):
             raise ValueError(f"dropout_stages repeats a stage: {list(v)}")
         return v
 
     @model_validator(mode="after")
     def _graph(self) -> SecAggConfig:
+        if self.dropout_stages is not None and "consistency" in self.dropout_stages and self.adversary != "active":
+            raise ValueError("dropout_stages: the 'consistency' stage exists only with secagg.adversary = 'active'")
         if self.k is not None:
             if self.graph != "k_regular":
                 raise ValueError("k is only used with graph = 'k_regular'")
             if self.k % 2:
                 raise ValueError(f"k must be even (random Harary graph: k/2 ring neighbours each side), got {self.k}")
         return self
+
+    @property
+    def stages(self) -> tuple[str, ...]:
+        """The protocol's stages: ``STAGES``, or ``ACTIVE_STAGES`` with the consistency check."""
+        return ACTIVE_STAGES if self.adversary == "active" else STAGES
+
+    @property
+    def drop_stages(self) -> tuple[str, ...]:
+        """The stages at which simulated dropouts happen (``dropout_stages``, default all)."""
+        return self.dropout_stages if self.dropout_stages is not None else self.stages
 
     # --- numbers for a round of n participants ------------------------------------------------
 
@@ -110,17 +144,25 @@ class SecAggConfig(BaseModel):
 
     def share_threshold(self, n: int) -> int:
         """Shares ``t`` needed to rebuild a secret, for share groups of ``k + 1`` (or ``n``)."""
-        g = self.num_neighbours(n) + 1
+        k = self.num_neighbours(n)
+        g = k + 1
         if isinstance(self.threshold, int):
             t = self.threshold
         else:
             t = math.floor(self.threshold * g) + 1
         t = max(t, 2)
+        group = f"all n = {n} participants" if self.is_complete(n) else f"its k = {k} neighbours and itself, n = {n}"
         if t > g:
             raise SecAggError(
                 f"threshold t = {t} exceeds the share group size {g} "
-                f"({'n' if self.is_complete(n) else 'k + 1'} with n = {n}); lower secagg.threshold"
+                f"({group}); lower secagg.threshold"
                 + ("" if self.is_complete(n) else " or raise secagg.k")
+            )
+        if t < min_threshold(g):
+            raise SecAggError(
+                f"secagg.threshold = {self.threshold} gives t = {t}, at most half of the share group of "
+                f"g = {g} ({group}): a server could rebuild both secrets of a client from two halves of its "
+                f"group; valid: {min_threshold(g)} <= t <= {g} (or a fraction in [0.5, 1))"
             )
         return t
 
@@ -161,6 +203,13 @@ class SecAggConfig(BaseModel):
         float64 arithmetic of encoding and decoding (``eps = 2^-52``; it matters only for
         ``q`` near 52). Clipping error comes on top and depends on the data."""
         return self.quantization_step(n) / 2.0 + 4.0 * 2.0**-52 * self.clip
+
+
+def min_threshold(g: int) -> int:
+    """The smallest safe threshold for a share group of ``g``: ``floor(g/2) + 1``, the least
+    ``t`` with ``2 t > g`` (no two disjoint sets of ``t`` holders)."""
+    return g // 2 + 1
+
 
 def default_k(n: int) -> int:
     """SecAgg+ default neighbours: ``2 ceil(log2 n)`` — O(log n) as in Bell et al., even."""

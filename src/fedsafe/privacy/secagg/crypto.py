@@ -2,7 +2,10 @@
 
 * Key agreement: X25519, the raw shared secret run through HKDF-SHA256 with the round's session
   id as salt and a purpose label (plus the two party ids) as info, so keys never repeat across
-  rounds, purposes or pairs.
+  rounds, purposes or pairs. Public keys of small order (the all-zero shared secret with every
+  private key) are refused: :func:`is_small_order`.
+* Signatures (``adversary = "active"``): Ed25519 with long-term keys registered in a PKI
+  (:mod:`.pki`).
 * Share encryption: AES-256-GCM; the nonce is derived from (sender, recipient), which is unique
   per key (one key per pair and round, one message per direction).
 * Mask expansion: AES-256-CTR keyed with the full 32-byte seed, zero IV, producing the whole
@@ -19,7 +22,9 @@ import struct
 
 import numpy as np
 from cryptography.exceptions import InvalidTag
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -77,6 +82,26 @@ def private_bytes_of(key: X25519PrivateKey) -> bytes:
     return key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
 
 
+# Any fixed scalar detects small order: X25519 clamps every scalar to a multiple of 8, the
+# cofactor, so the product with a point of order 1, 2, 4 or 8 is the identity, whatever the scalar.
+_PROBE = X25519PrivateKey.from_private_bytes(bytes(range(1, KEY_BYTES + 1)))
+
+
+def is_small_order(public: bytes) -> bool:
+    """True when the 32-byte X25519 public key has small order (1, 2, 4 or 8): every key
+    agreement with it yields the all-zero shared secret, so a party advertising it could not
+    share a secret with anyone (and would make every peer reject it). Canonical or not (the
+    u-coordinate is read mod p, the top bit ignored), such keys are exactly those for which the
+    exchange with a fixed key gives zero; OpenSSL refuses that exchange."""
+    if len(public) != KEY_BYTES:
+        raise ValueError(f"an X25519 public key has {KEY_BYTES} bytes, got {len(public)}")
+    try:
+        _PROBE.exchange(X25519PublicKey.from_public_bytes(public))
+    except ValueError:
+        return True
+    return False
+
+
 def agree(
     private: X25519PrivateKey, peer_public: bytes, *, session: bytes, purpose: str, a: int, b: int,
     peer: int | str | None = None, field: str | None = None,
@@ -91,6 +116,39 @@ def agree(
         raise SecAggError(f"unusable X25519 public key ({e})", sender=peer, field=field) from None
     lo, hi = min(a, b), max(a, b)
     return hkdf(shared, salt=session, info=_LABEL + purpose.encode() + struct.pack("!II", lo, hi))
+
+
+# --- signatures (long-term identity keys) -------------------------------------------------------
+
+
+def new_signing_key(rand: OsRandomness | SeededRandomness) -> Ed25519PrivateKey:
+    return Ed25519PrivateKey.from_private_bytes(rand.bytes(KEY_BYTES))
+
+
+def signing_key_from_bytes(raw: bytes) -> Ed25519PrivateKey:
+    return Ed25519PrivateKey.from_private_bytes(raw)
+
+
+def signing_key_bytes(key: Ed25519PrivateKey) -> bytes:
+    return key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+
+
+def verification_bytes(key: Ed25519PrivateKey) -> bytes:
+    return key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+def sign(key: Ed25519PrivateKey, message: bytes) -> bytes:
+    return key.sign(message)
+
+
+def verify(verification_key: bytes, signature: bytes, message: bytes) -> bool:
+    """Whether ``signature`` is a valid Ed25519 signature of ``message`` under the raw 32-byte
+    ``verification_key`` (a malformed key or signature is simply invalid)."""
+    try:
+        Ed25519PublicKey.from_public_bytes(verification_key).verify(signature, message)
+    except (InvalidSignature, ValueError):
+        return False
+    return True
 
 
 # --- share encryption -------------------------------------------------------------------------

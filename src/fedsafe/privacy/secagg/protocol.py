@@ -18,8 +18,10 @@ from torch import Tensor
 from fedsafe.engine.protocol import ProtocolError
 from fedsafe.engine.streams import numpy_stream
 from fedsafe.engine.types import Aggregate, Message, RoundContext
-from fedsafe.privacy.secagg.config import STAGES, SecAggConfig
+from fedsafe.privacy.secagg import crypto
+from fedsafe.privacy.secagg.config import SecAggConfig
 from fedsafe.privacy.secagg.errors import SecAggError
+from fedsafe.privacy.secagg.pki import Enrolment
 from fedsafe.privacy.secagg.session import RoundOutcome, run_round, seeded_randomness
 from fedsafe.robust.pipeline import RobustPipeline
 
@@ -35,6 +37,10 @@ class SecAggProtocol:
 
     Message weights are ignored, as by the ``mean`` rule. A client whose update is not finite
     withholds it (a dropout at the first stage, counted in ``excluded_nonfinite``).
+
+    With ``adversary = "active"``, :attr:`enrolment` is the simulated PKI: each client is
+    enrolled (a long-term Ed25519 key) the first time it takes part and keeps its key across
+    rounds; the server party only ever sees the directory of verification keys.
     """
 
     name = "secagg"
@@ -51,6 +57,12 @@ class SecAggProtocol:
         self.key_seed = key_seed
         self.client_transform = client_transform
         self.last_outcome: RoundOutcome | None = None
+        self.enrolment: Enrolment | None = None
+        if self.config.adversary == "active":
+            seeded = key_seed is not None
+            self.enrolment = Enrolment(
+                (lambda cid: crypto.SeededRandomness(key_seed, f"enrol/{cid}")) if seeded else None
+            )
 
     def check(self, pipeline: RobustPipeline) -> None:
         """Secure aggregation reveals only the sum, so only the plain mean can run on it."""
@@ -85,15 +97,16 @@ class SecAggProtocol:
 
         inputs: dict[int, np.ndarray] = {}
         drop_at: dict[int, str] = {}
-        draws = numpy_stream(ctx.seed, "secagg.dropout", ctx.round).random((len(messages), len(STAGES)))
+        stages = cfg.stages
+        draws = numpy_stream(ctx.seed, "secagg.dropout", ctx.round).random((len(messages), len(stages)))
         nonfinite = 0
         for i, m in enumerate(messages):
             v = self.client_transform(m, ctx) if self.client_transform is not None else m.vector
             x = v.detach().to("cpu", torch.float64).reshape(-1).numpy()
             cid = ids[i]
             inputs[cid] = x
-            for j, stage in enumerate(STAGES):
-                if stage in cfg.dropout_stages and draws[i, j] < cfg.dropout:
+            for j, stage in enumerate(stages):
+                if stage in cfg.drop_stages and draws[i, j] < cfg.dropout:
                     drop_at[cid] = stage
                     break
             if not np.isfinite(x).all():
@@ -110,6 +123,7 @@ class SecAggProtocol:
         out = run_round(
             inputs, cfg, round_=ctx.round, drop_at=drop_at, randomness=randomness,
             graph_rng=numpy_stream(ctx.seed, "secagg.graph", ctx.round), client_factory=factory,
+            enrolment=self.enrolment,
         )
         self.last_outcome = out
         vector = torch.from_numpy(out.mean()).to(dtype).reshape(shape)
@@ -119,7 +133,7 @@ class SecAggProtocol:
         up = np.array([out.bytes_up[c] for c in ids], dtype=np.float64)
         down = np.array([out.bytes_down[c] for c in ids], dtype=np.float64)
         cost: dict[str, float] = {"aggregate_seconds": time.perf_counter() - t_start}
-        for s in STAGES:
+        for s in stages:
             cost[f"secagg_{s}_seconds"] = out.stage_seconds[s]
             cost[f"secagg_server_{s}_seconds"] = out.server_seconds[s]
             cs = out.client_seconds[s]
@@ -143,10 +157,10 @@ class SecAggProtocol:
             "secagg_rejected": float(len(out.rejected)),
             "secagg_client_aborts": float(len(out.aborted_clients)),
         }
-        for s in STAGES:
+        for s in stages:
             metrics[f"secagg_dropped_{s}"] = float(len(out.dropped[s]))
         seen = {
             "server": out.server_log,  # type, sender and size of every message; no vector
             "transport": {"bytes_up": dict(out.bytes_up), "bytes_down": dict(out.bytes_down)},
         }
-        return Aggregate(vector=vector, count=len(out.survivors), cost=cost, seen=seen, metrics=metrics)
+        return Aggregate(vector=vector, count=len(out.survivors), cost=cost, seen=seen, metrics=metrics, included=tuple(out.survivors))

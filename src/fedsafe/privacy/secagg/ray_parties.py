@@ -3,9 +3,10 @@
 Each client party lives in its own Ray actor, where it holds its update and its secrets; the
 driver keeps the server party and the transport. Parties only ever see ``(sender, bytes)``, so
 the actor's party talks through a relay transport: each step the driver hands it the bytes
-waiting in its mailbox and posts the bytes it sends. Nothing but bytes (and the client's own
-input, at construction) crosses the actor boundary; the driver never sees a client's keys or
-unmasked update.
+waiting in its mailbox and posts the bytes it sends. Nothing but bytes (and, at construction,
+the client's own input and, in the active variant, its long-term signing key and the public
+directory) crosses the actor boundary; the driver never sees a client's round keys or unmasked
+update.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 
 from fedsafe.privacy.secagg.client import ClientParty
 from fedsafe.privacy.secagg.errors import SecAggError
+from fedsafe.privacy.secagg.pki import Identity
 from fedsafe.privacy.secagg.transport import Transport
 
 
@@ -35,12 +37,16 @@ class RelayTransport(Transport):
 class ClientActor:
     """The actor body: one :class:`ClientParty` behind a relay transport."""
 
-    def __init__(self, client_id: int, vector: np.ndarray, round_: int, seeded: tuple | None = None) -> None:
+    def __init__(
+        self, client_id: int, vector: np.ndarray, round_: int, seeded: tuple | None = None,
+        identity: tuple | None = None,
+    ) -> None:
         from fedsafe.privacy.secagg.crypto import SeededRandomness
 
         rand = None if seeded is None else SeededRandomness(*seeded)  # None: the OS, in the actor
+        ident = None if identity is None else Identity.from_spec(identity)
         self.net = RelayTransport()
-        self.party = ClientParty(client_id, vector, self.net, round_=round_, rand=rand)
+        self.party = ClientParty(client_id, vector, self.net, round_=round_, rand=rand, identity=ident)
 
     def step(self, messages: list[tuple[int, bytes]]) -> tuple[list[tuple[int, bytes]], list[str], str | None]:
         self.net.inbox = list(messages)
@@ -53,7 +59,10 @@ class ClientActor:
 class RayClientProxy:
     """Driver-side stand-in with ClientParty's ``step``/``rejected``/``abort_reason``."""
 
-    def __init__(self, actor_cls, client_id: int, vector: np.ndarray, transport: Transport, *, round_: int, rand=None) -> None:
+    def __init__(
+        self, actor_cls, client_id: int, vector: np.ndarray, transport: Transport, *, round_: int, rand=None,
+        identity: Identity | None = None,
+    ) -> None:
         import ray
 
         self._ray = ray
@@ -62,7 +71,8 @@ class RayClientProxy:
         # A party's randomness is created where the party lives: OS randomness in the actor, or
         # (tests only) the same seeded stream, rebuilt from its seed and label.
         seeded = getattr(rand, "spec", None)
-        self.actor = actor_cls.remote(client_id, np.asarray(vector), round_, seeded)
+        spec = None if identity is None else identity.spec()
+        self.actor = actor_cls.remote(client_id, np.asarray(vector), round_, seeded, spec)
         self.rejected: list[SecAggError] = []
         self.abort_reason: SecAggError | None = None
 
@@ -83,7 +93,10 @@ def ray_client_factory(num_cpus: float = 0.25):
 
     actor_cls = ray.remote(num_cpus=num_cpus)(ClientActor)
 
-    def make(client_id: int, vector: np.ndarray, transport: Transport, *, round_: int, rand=None) -> RayClientProxy:
-        return RayClientProxy(actor_cls, client_id, vector, transport, round_=round_, rand=rand)
+    def make(
+        client_id: int, vector: np.ndarray, transport: Transport, *, round_: int, rand=None,
+        identity: Identity | None = None,
+    ) -> RayClientProxy:
+        return RayClientProxy(actor_cls, client_id, vector, transport, round_=round_, rand=rand, identity=identity)
 
     return make

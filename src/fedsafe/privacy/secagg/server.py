@@ -7,9 +7,17 @@ mask keys of clients that dropped after sharing, never both for one client. ``lo
 type, sender and size of every message received: that is what the engine reports as
 ``seen["server"]``.
 
-Sets follow Bonawitz et al.: U1 advertised keys, U2 sent shares, U3 sent masked inputs, U5
-answered the unmask request. The round aborts (:class:`SecAggError`, no sender) when any of them
-is below the threshold or a needed secret has fewer than ``t`` shares.
+Sets follow Bonawitz et al.: U1 advertised keys, U2 sent shares, U3 sent masked inputs, U4 signed
+U3 (active variant only), U5 answered the unmask request. The round aborts (:class:`SecAggError`,
+no sender) when any of them is below the threshold or a needed secret has fewer than ``t`` shares.
+
+A client whose advertised public key has small order is refused at advertise time (it never
+enters U1: a dropout), so it cannot make its neighbours reject their KEYS and abort the round.
+In the active variant (``adversary = "active"``) the server also verifies each advertisement's
+signature against the PKI directory before relaying it, runs the consistency check after
+masked-input collection (U3 to every member, signatures back, all valid signatures forwarded),
+and verifies each consistency signature on receipt, so that a misbehaving client can only drop
+itself, never make honest clients abort.
 """
 
 from __future__ import annotations
@@ -19,30 +27,33 @@ from collections.abc import Sequence
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from fedsafe.privacy.secagg import crypto, fixedpoint, shamir
+from fedsafe.privacy.secagg import crypto, fixedpoint, pki, shamir
 from fedsafe.privacy.secagg.config import SecAggConfig
 from fedsafe.privacy.secagg.errors import SecAggError
 from fedsafe.privacy.secagg.graph import complete_graph, harary_graph
 from fedsafe.privacy.secagg.transport import Transport
 from fedsafe.privacy.secagg.wire import (
-    SERVER, SESSION_BYTES, Advertise, Forward, Header, Keys, Limits, Masked, MsgType, Setup, Shares,
-    ShareKind, Unmask, UnmaskRequest, check_header, decode_body, decode_header, encode,
+    SERVER, SESSION_BYTES, Advertise, ConsistencyCheck, ConsistencySignature, Forward, Header, Keys, Limits,
+    Masked, MsgType, Setup, Shares, ShareKind, SignedAdvertise, SignedKeys, Signatures, Unmask, UnmaskRequest,
+    check_header, decode_body, decode_header, encode,
 )
 
 _EXPECT = {
     "advertise": MsgType.ADVERTISE, "share": MsgType.SHARES, "mask": MsgType.MASKED,
     "unmask": MsgType.UNMASK, "done": None,
 }
-_NEXT = {"advertise": "share", "share": "mask", "mask": "unmask", "unmask": "done"}
+_EXPECT_ACTIVE = {**_EXPECT, "advertise": MsgType.SIGNED_ADVERTISE, "consistency": MsgType.CONSISTENCY_SIGNATURE}
 
 
 class ServerParty:
-    """The aggregation server of one round among ``participants`` with ``dim``-long updates."""
+    """The aggregation server of one round among ``participants`` with ``dim``-long updates.
+
+    ``directory`` (the PKI's verification keys) is required with ``config.adversary = "active"``."""
 
     def __init__(
         self, participants: Sequence[int], config: SecAggConfig, dim: int, transport: Transport, *,
         round_: int, rand: crypto.OsRandomness | crypto.SeededRandomness | None = None,
-        graph_rng: np.random.Generator | None = None,
+        graph_rng: np.random.Generator | None = None, directory: pki.Directory | None = None,
     ) -> None:
         ids = [int(p) for p in participants]
         if len(set(ids)) != len(ids):
@@ -64,6 +75,12 @@ class ServerParty:
             self.graph = harary_graph(ids, self.k, graph_rng if graph_rng is not None else np.random.default_rng())
         self.dtype = fixedpoint.word_dtype(self.bits)
         self.limits = Limits(dim=dim, bits=self.bits)
+        self.active = config.adversary == "active"
+        if self.active and directory is None:
+            raise SecAggError("secagg.adversary = 'active' needs the PKI directory of the clients' verification keys")
+        self.directory = directory
+        self.stages = config.stages
+        self._expect = _EXPECT_ACTIVE if self.active else _EXPECT
         self.stage = "advertise"
         self.session = b""
         self.log: list[dict[str, object]] = []
@@ -77,6 +94,8 @@ class ServerParty:
         self._forwarded: dict[int, frozenset[int]] = {}
         self.u3: list[int] = []
         self._masked_sum: np.ndarray | None = None
+        self._advert_sigs: dict[int, bytes] = {}
+        self._consistency_sigs: dict[int, bytes] = {}
         self._requested: dict[int, tuple[frozenset[int], frozenset[int]]] = {}
         self._seed_points: dict[int, list[tuple[int, int]]] = {}
         self._key_points: dict[int, list[tuple[int, int]]] = {}
@@ -108,13 +127,14 @@ class ServerParty:
         h = decode_header(payload, sender)
         entry["type"] = h.type.name
         check_header(
-            h, me=SERVER, session=self.session, round_=self.round, expected=_EXPECT[self.stage],
+            h, me=SERVER, session=self.session, round_=self.round, expected=self._expect[self.stage],
             stage=self.stage, accepted=self._accepted,
         )
         body = decode_body(h, payload, self.limits)
         {
-            MsgType.ADVERTISE: self._on_advertise, MsgType.SHARES: self._on_shares,
-            MsgType.MASKED: self._on_masked, MsgType.UNMASK: self._on_unmask,
+            MsgType.ADVERTISE: self._on_advertise, MsgType.SIGNED_ADVERTISE: self._on_advertise,
+            MsgType.SHARES: self._on_shares, MsgType.MASKED: self._on_masked, MsgType.UNMASK: self._on_unmask,
+            MsgType.CONSISTENCY_SIGNATURE: self._on_consistency_signature,
         }[h.type](h.sender, body)
         self._accepted.add((h.sender, h.type))
         entry["accepted"] = True
@@ -126,8 +146,9 @@ class ServerParty:
         """End the current stage (its deadline passed): check the threshold and send the next
         stage's messages, or finish the round. Raises :class:`SecAggError` to abort."""
         {"advertise": self._close_advertise, "share": self._close_share, "mask": self._close_mask,
-         "unmask": self._close_unmask}[self.stage]()
-        self.stage = _NEXT[self.stage]
+         "consistency": self._close_consistency, "unmask": self._close_unmask}[self.stage]()
+        i = self.stages.index(self.stage)
+        self.stage = self.stages[i + 1] if i + 1 < len(self.stages) else "done"
 
     def _require(self, have: int, what: str) -> None:
         if have < self.threshold:
@@ -138,12 +159,24 @@ class ServerParty:
 
     # --- advertise keys -----------------------------------------------------------------------
 
-    def _on_advertise(self, u: int, b: Advertise) -> None:
+    def _on_advertise(self, u: int, b: Advertise | SignedAdvertise) -> None:
         if u not in self.graph:
             raise SecAggError("not a participant of this round", sender=u, field="sender")
         for field, pk in (("c_pk", b.c_pk), ("s_pk", b.s_pk)):
             if pk in self._key_owner:
                 raise SecAggError(f"reuses a public key of client {self._key_owner[pk]}", sender=u, field=field)
+            if crypto.is_small_order(pk):
+                raise SecAggError("small-order X25519 public key (every key agreement with it is all zeros); "
+                                  "the client is left out of the round", sender=u, field=field)
+        if self.active:
+            vk = self.directory.lookup(u)
+            if vk is None:
+                raise SecAggError("not enrolled in the PKI", sender=u, field="sender")
+            msg = pki.advertisement_transcript(self.session, self.round, u, b.c_pk, b.s_pk)
+            if not crypto.verify(vk, b.signature, msg):
+                raise SecAggError("signature of the key pair is not valid under its enrolled key", sender=u,
+                                  field="signature")
+            self._advert_sigs[u] = b.signature
         self.pks[u] = (b.c_pk, b.s_pk)
         self._key_owner[b.c_pk] = u
         self._key_owner[b.s_pk] = u
@@ -155,7 +188,11 @@ class ServerParty:
         for u in u1:
             live = [v for v in self.graph[u] if v in self.pks]
             self._keys_sent[u] = frozenset(live)
-            self._send(u, MsgType.KEYS, Keys(tuple((v, *self.pks[v]) for v in live)))
+            if self.active:
+                signed = tuple((v, *self.pks[v], self._advert_sigs[v]) for v in live)
+                self._send(u, MsgType.SIGNED_KEYS, SignedKeys(signed))
+            else:
+                self._send(u, MsgType.KEYS, Keys(tuple((v, *self.pks[v]) for v in live)))
 
     # --- share keys -----------------------------------------------------------------------------
 
@@ -193,13 +230,44 @@ class ServerParty:
         u3 = set(self.u3)
         self.sets["U3"] = tuple(sorted(u3))
         self._require(len(u3), "sent masked inputs")
-        dropped = set(self._sealed) - u3
+        if self.active:
+            for u in self.sets["U3"]:
+                self._send(u, MsgType.CONSISTENCY_CHECK, ConsistencyCheck(self.sets["U3"]))
+            return
         for u in sorted(u3):
-            fw = self._forwarded[u]
-            surv = frozenset({u} | (fw & u3))
-            drop = frozenset(fw & dropped)
+            surv, drop = self._unmask_lists(u)
             self._requested[u] = (surv, drop)
             self._send(u, MsgType.UNMASK_REQUEST, UnmaskRequest(tuple(sorted(surv)), tuple(sorted(drop))))
+
+    def _unmask_lists(self, u: int) -> tuple[frozenset[int], frozenset[int]]:
+        """Whose seed share (survivors: in U3) and whose mask-key share (dropped: in U2, not in
+        U3) client ``u`` reveals: among the clients whose shares it was forwarded, and itself."""
+        u3 = set(self.sets["U3"])
+        fw = self._forwarded[u]
+        return frozenset({u} | (fw & u3)), frozenset(fw - u3)
+
+    # --- consistency check (active variant) -----------------------------------------------------
+
+    def _on_consistency_signature(self, u: int, b: ConsistencySignature) -> None:
+        if u not in self.sets["U3"]:
+            raise SecAggError("signed a survivor list it was not sent (not in U3)", sender=u, field="sender")
+        msg = pki.consistency_transcript(self.session, self.round, self.sets["U3"])
+        if not crypto.verify(self.directory.lookup(u), b.signature, msg):
+            raise SecAggError("signature of U3 is not valid under its enrolled key", sender=u, field="signature")
+        self._consistency_sigs[u] = b.signature
+
+    def _close_consistency(self) -> None:
+        """Forward to each signer the signatures of its share group (itself and its neighbours):
+        all of U4 for the complete graph, O(k) for SecAgg+. A group with fewer than ``t`` signers
+        could not rebuild its members' secrets anyway, so this costs no round that could finish."""
+        u4 = sorted(self._consistency_sigs)
+        self.sets["U4"] = tuple(u4)
+        self._require(len(u4), "signed the survivor list")
+        for u in u4:
+            group = set(self.graph[u]) | {u}
+            self._requested[u] = self._unmask_lists(u)
+            sigs = tuple((v, self._consistency_sigs[v]) for v in u4 if v in group)
+            self._send(u, MsgType.SIGNATURES, Signatures(sigs))
 
     # --- unmasking ------------------------------------------------------------------------------
 

@@ -17,8 +17,9 @@ import numpy as np
 
 from fedsafe.privacy.secagg import crypto, fixedpoint
 from fedsafe.privacy.secagg.client import ClientParty
-from fedsafe.privacy.secagg.config import STAGES, SecAggConfig
+from fedsafe.privacy.secagg.config import SecAggConfig
 from fedsafe.privacy.secagg.errors import SecAggError
+from fedsafe.privacy.secagg.pki import Enrolment
 from fedsafe.privacy.secagg.server import ServerParty
 from fedsafe.privacy.secagg.transport import InMemoryTransport
 
@@ -63,22 +64,29 @@ def run_round(
     graph_rng: np.random.Generator | None = None,
     keep: dict | None = None,
     client_factory: Callable[..., object] | None = None,
+    server_factory: Callable[..., ServerParty] | None = None,
+    enrolment: Enrolment | None = None,
 ) -> RoundOutcome:
     """Run the full protocol for ``inputs`` (client id -> float update vector).
 
-    ``drop_at`` maps a client to the stage (one of ``STAGES``) from which it is offline.
+    ``drop_at`` maps a client to the stage (one of ``config.stages``) from which it is offline.
     ``randomness(label)`` supplies each party's random bytes (default: the OS); pass seeded
     sources for reproducible keys in tests only. ``keep``, when given, receives the party
     objects (``"server"``, ``"clients"``, ``"transport"``) so tests can inspect them.
     ``client_factory(id, vector, transport, round_=, rand=)`` builds the client parties
     (default :class:`ClientParty` in this process; :func:`.ray_parties.ray_client_factory`
-    places each on a Ray actor).
+    places each on a Ray actor). ``server_factory`` builds the server party, with
+    :class:`ServerParty`'s arguments (default :class:`ServerParty`; tests pass malicious ones).
+    With ``config.adversary = "active"``, ``enrolment`` is the PKI (clients not yet enrolled are
+    enrolled; default: a fresh one with OS keys): each client party gets its own identity
+    (``identity=`` of the factory), the server only the directory.
     Raises :class:`SecAggError` when the round aborts.
     """
+    stages = config.stages
     drop_at = dict(drop_at or {})
     for c, s in drop_at.items():
-        if s not in STAGES:
-            raise ValueError(f"client {c}: unknown stage {s!r}; valid: {', '.join(STAGES)}")
+        if s not in stages:
+            raise ValueError(f"client {c}: unknown stage {s!r}; valid: {', '.join(stages)}")
         if c not in inputs:
             raise ValueError(f"drop_at names client {c}, which has no input")
     ids = sorted(int(c) for c in inputs)
@@ -90,25 +98,37 @@ def run_round(
     dim = dims.pop()
     rand = randomness or (lambda label: crypto.OsRandomness())
     net = transport if transport is not None else InMemoryTransport()
-    server = ServerParty(ids, config, dim, net, round_=round_, rand=rand("server"), graph_rng=graph_rng)
+    make_server = server_factory or ServerParty
     make_client = client_factory or ClientParty
-    clients = {c: make_client(c, inputs[c], net, round_=round_, rand=rand(f"client/{c}")) for c in ids}
+    if config.adversary == "active":
+        enrolment = enrolment if enrolment is not None else Enrolment()
+        enrolment.enrol(ids)
+        server = make_server(ids, config, dim, net, round_=round_, rand=rand("server"), graph_rng=graph_rng,
+                             directory=enrolment.directory)
+        clients = {
+            c: make_client(c, inputs[c], net, round_=round_, rand=rand(f"client/{c}"),
+                           identity=enrolment.identity(c))
+            for c in ids
+        }
+    else:
+        server = make_server(ids, config, dim, net, round_=round_, rand=rand("server"), graph_rng=graph_rng)
+        clients = {c: make_client(c, inputs[c], net, round_=round_, rand=rand(f"client/{c}")) for c in ids}
     if keep is not None:
         keep.update(server=server, clients=clients, transport=net)
 
-    stage_index = {s: i for i, s in enumerate(STAGES)}
+    stage_index = {s: i for i, s in enumerate(stages)}
     offline_from = {c: stage_index[s] for c, s in drop_at.items()}
     stage_seconds: dict[str, float] = {}
-    client_seconds: dict[str, list[float]] = {s: [] for s in STAGES}
-    server_seconds: dict[str, float] = {s: 0.0 for s in STAGES}
+    client_seconds: dict[str, list[float]] = {s: [] for s in stages}
+    server_seconds: dict[str, float] = {s: 0.0 for s in stages}
 
     t_stage = time.perf_counter()
     t0 = time.perf_counter()
     server.start()
     server_seconds["advertise"] += time.perf_counter() - t0
-    for i, stage in enumerate(STAGES):
+    for i, stage in enumerate(stages):
         for c in ids:
-            if offline_from.get(c, len(STAGES)) <= i:
+            if offline_from.get(c, len(stages)) <= i:
                 net.discard(c)
                 continue
             t0 = time.perf_counter()
@@ -118,17 +138,17 @@ def run_round(
             server.step()  # streaming: masked inputs are summed as they arrive
             server_seconds[stage] += time.perf_counter() - t0
         t0 = time.perf_counter()
-        server.close_stage()
+        try:
+            server.close_stage()
+        except SecAggError as e:
+            raise _with_client_aborts(e, clients) from None
         now = time.perf_counter()
         server_seconds[stage] += now - t0
         stage_seconds[stage] = now - t_stage
         t_stage = now
 
-    for party in clients.values():
-        close = getattr(party, "close", None)
-        if close is not None:
-            close()
-    dropped = {s: tuple(sorted(c for c, j in offline_from.items() if j == stage_index[s])) for s in STAGES}
+    _close(clients)
+    dropped = {s: tuple(sorted(c for c, j in offline_from.items() if j == stage_index[s])) for s in stages}
     rejected = [str(e) for e in server.rejected] + [str(e) for c in clients.values() for e in c.rejected]
     return RoundOutcome(
         total=server.total,
@@ -149,6 +169,26 @@ def run_round(
         server_log=list(server.log),
         rejected=rejected,
     )
+
+
+def _close(clients: Mapping[int, object]) -> None:
+    for party in clients.values():
+        close = getattr(party, "close", None)
+        if close is not None:
+            close()
+
+
+def _with_client_aborts(e: SecAggError, clients: Mapping[int, object]) -> SecAggError:
+    """The round-level error, naming the clients that stopped by their own checks (their abort
+    is usually why too few clients answered: a misbehaving server)."""
+    _close(clients)
+    aborted = {c: p.abort_reason for c, p in clients.items() if p.abort_reason is not None}
+    if not aborted:
+        return e
+    first = next(iter(aborted.values()))
+    out = SecAggError(f"{str(e).removeprefix('secagg: ')}; {len(aborted)} clients aborted, e.g. {first}")
+    out.sender, out.field = e.sender, e.field
+    return out
 
 
 def seeded_randomness(seed: int, round_: int) -> Callable[[str], crypto.SeededRandomness]:

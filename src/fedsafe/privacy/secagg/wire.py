@@ -20,6 +20,15 @@ Header (32 bytes)::
     UNMASK_REQUEST s->c  count u16 | survivor ids | count u16 | dropped ids (disjoint)
     UNMASK         c->s  count u16 | (owner u32 | kind u8 | share 33B) x count
 
+and, in the active-adversary variant (``adversary = "active"``), instead of ADVERTISE, KEYS and
+UNMASK_REQUEST (Ed25519 signatures, 64 bytes, over the transcripts of :mod:`.pki`)::
+
+    SIGNED_ADVERTISE      c->s  c_pk 32B | s_pk 32B | signature 64B
+    SIGNED_KEYS           s->c  count u16 | (id u32 | c_pk 32B | s_pk 32B | signature 64B) x count
+    CONSISTENCY_CHECK     s->c  count u16 | survivor ids (U3, at least one)
+    CONSISTENCY_SIGNATURE c->s  signature 64B
+    SIGNATURES            s->c  count u16 | (id u32 | signature 64B) x count
+
 and inside a sealed share (AES-GCM, 74-byte plaintext)::
 
     owner u32 | holder u32 | mask-key share 33B | self-mask-seed share 33B
@@ -52,6 +61,7 @@ HEADER = struct.Struct("!2sBB16sIII")
 HEADER_BYTES = HEADER.size  # 32
 SHARE_PLAINTEXT = struct.Struct(f"!II{SHARE_BYTES}s{SHARE_BYTES}s")
 SEALED_BYTES = SHARE_PLAINTEXT.size + 16  # AES-GCM tag
+SIGNATURE_BYTES = 64  # Ed25519
 MAX_COUNT = 0xFFFF
 MIN_BITS, MAX_BITS, MAX_QUANT_BITS = 16, 62, 52
 
@@ -65,9 +75,17 @@ class MsgType(IntEnum):
     MASKED = 6
     UNMASK_REQUEST = 7
     UNMASK = 8
+    SIGNED_ADVERTISE = 9
+    SIGNED_KEYS = 10
+    CONSISTENCY_CHECK = 11
+    CONSISTENCY_SIGNATURE = 12
+    SIGNATURES = 13
 
 
-UPLINK = frozenset({MsgType.ADVERTISE, MsgType.SHARES, MsgType.MASKED, MsgType.UNMASK})
+UPLINK = frozenset({
+    MsgType.ADVERTISE, MsgType.SHARES, MsgType.MASKED, MsgType.UNMASK, MsgType.SIGNED_ADVERTISE,
+    MsgType.CONSISTENCY_SIGNATURE,
+})
 
 
 class ShareKind(IntEnum):
@@ -132,6 +150,33 @@ class Unmask:
 
 
 @dataclass(frozen=True)
+class SignedAdvertise:
+    c_pk: bytes
+    s_pk: bytes
+    signature: bytes  # over pki.advertisement_transcript
+
+
+@dataclass(frozen=True)
+class SignedKeys:
+    entries: tuple[tuple[int, bytes, bytes, bytes], ...]  # (id, c_pk, s_pk, signature)
+
+
+@dataclass(frozen=True)
+class ConsistencyCheck:
+    survivors: tuple[int, ...]  # U3
+
+
+@dataclass(frozen=True)
+class ConsistencySignature:
+    signature: bytes  # over pki.consistency_transcript(U3)
+
+
+@dataclass(frozen=True)
+class Signatures:
+    entries: tuple[tuple[int, bytes], ...]  # (signer, signature)
+
+
+@dataclass(frozen=True)
 class SharePlaintext:
     owner: int
     holder: int
@@ -139,11 +184,16 @@ class SharePlaintext:
     seed_share: int
 
 
-Body = Union[Setup, Advertise, Keys, Shares, Forward, Masked, UnmaskRequest, Unmask]
+Body = Union[
+    Setup, Advertise, Keys, Shares, Forward, Masked, UnmaskRequest, Unmask, SignedAdvertise, SignedKeys,
+    ConsistencyCheck, ConsistencySignature, Signatures,
+]
 BODY_TYPE: dict[type, MsgType] = {
     Setup: MsgType.SETUP, Advertise: MsgType.ADVERTISE, Keys: MsgType.KEYS, Shares: MsgType.SHARES,
     Forward: MsgType.FORWARD, Masked: MsgType.MASKED, UnmaskRequest: MsgType.UNMASK_REQUEST,
-    Unmask: MsgType.UNMASK,
+    Unmask: MsgType.UNMASK, SignedAdvertise: MsgType.SIGNED_ADVERTISE, SignedKeys: MsgType.SIGNED_KEYS,
+    ConsistencyCheck: MsgType.CONSISTENCY_CHECK, ConsistencySignature: MsgType.CONSISTENCY_SIGNATURE,
+    Signatures: MsgType.SIGNATURES,
 }
 
 
@@ -193,6 +243,18 @@ def _encode_body(b: Body) -> bytes:
         return struct.pack("!H", len(b.entries)) + b"".join(
             struct.pack("!IB", o, int(k)) + s.to_bytes(SHARE_BYTES, "big") for o, k, s in b.entries
         )
+    if isinstance(b, SignedAdvertise):
+        return b.c_pk + b.s_pk + b.signature
+    if isinstance(b, SignedKeys):
+        return struct.pack("!H", len(b.entries)) + b"".join(
+            struct.pack("!I", i) + c + s + sig for i, c, s, sig in b.entries
+        )
+    if isinstance(b, ConsistencyCheck):
+        return _ids(b.survivors)
+    if isinstance(b, ConsistencySignature):
+        return b.signature
+    if isinstance(b, Signatures):
+        return struct.pack("!H", len(b.entries)) + b"".join(struct.pack("!I", i) + sig for i, sig in b.entries)
     raise TypeError(f"not a message body: {type(b).__name__}")
 
 
@@ -328,12 +390,21 @@ def _setup(r: _Reader, h: Header, lim: Limits) -> Setup:
     return Setup(dim, bits, q, t, clip, nb)
 
 
-def _advertise(r: _Reader, h: Header, lim: Limits) -> Advertise:
-    c_pk = r.take(PK_BYTES, "c_pk")
-    s_pk = r.take(PK_BYTES, "s_pk")
+def _key_pair(r: _Reader, prefix: str) -> tuple[bytes, bytes]:
+    c_pk = r.take(PK_BYTES, f"{prefix}c_pk")
+    s_pk = r.take(PK_BYTES, f"{prefix}s_pk")
     if c_pk == s_pk:
-        raise r.fail("s_pk", "equals c_pk; the two key pairs must differ")
-    return Advertise(c_pk, s_pk)
+        raise r.fail(f"{prefix}s_pk", "equals c_pk; the two key pairs must differ")
+    return c_pk, s_pk
+
+
+def _advertise(r: _Reader, h: Header, lim: Limits) -> Advertise:
+    return Advertise(*_key_pair(r, ""))
+
+
+def _signed_advertise(r: _Reader, h: Header, lim: Limits) -> SignedAdvertise:
+    c_pk, s_pk = _key_pair(r, "")
+    return SignedAdvertise(c_pk, s_pk, r.take(SIGNATURE_BYTES, "signature"))
 
 
 def _keys(r: _Reader, h: Header, lim: Limits) -> Keys:
@@ -341,13 +412,38 @@ def _keys(r: _Reader, h: Header, lim: Limits) -> Keys:
     entries = []
     for i in range(count):
         cid = r.client_id(f"entries[{i}].id")
-        c_pk = r.take(PK_BYTES, f"entries[{i}].c_pk")
-        s_pk = r.take(PK_BYTES, f"entries[{i}].s_pk")
-        if c_pk == s_pk:
-            raise r.fail(f"entries[{i}].s_pk", "equals c_pk")
-        entries.append((cid, c_pk, s_pk))
+        entries.append((cid, *_key_pair(r, f"entries[{i}].")))
     r.increasing([e[0] for e in entries], "entries.id")
     return Keys(tuple(entries))
+
+
+def _signed_keys(r: _Reader, h: Header, lim: Limits) -> SignedKeys:
+    count = r.u16("entries.count")
+    entries = []
+    for i in range(count):
+        cid = r.client_id(f"entries[{i}].id")
+        c_pk, s_pk = _key_pair(r, f"entries[{i}].")
+        entries.append((cid, c_pk, s_pk, r.take(SIGNATURE_BYTES, f"entries[{i}].signature")))
+    r.increasing([e[0] for e in entries], "entries.id")
+    return SignedKeys(tuple(entries))
+
+
+def _consistency_check(r: _Reader, h: Header, lim: Limits) -> ConsistencyCheck:
+    return ConsistencyCheck(r.ids("survivors", min_count=1))
+
+
+def _consistency_signature(r: _Reader, h: Header, lim: Limits) -> ConsistencySignature:
+    return ConsistencySignature(r.take(SIGNATURE_BYTES, "signature"))
+
+
+def _signatures(r: _Reader, h: Header, lim: Limits) -> Signatures:
+    count = r.u16("entries.count")
+    entries = []
+    for i in range(count):
+        cid = r.client_id(f"entries[{i}].id")
+        entries.append((cid, r.take(SIGNATURE_BYTES, f"entries[{i}].signature")))
+    r.increasing([e[0] for e in entries], "entries.id")
+    return Signatures(tuple(entries))
 
 
 def _sealed_entries(r: _Reader, h: Header, lim: Limits) -> tuple[tuple[int, bytes], ...]:
@@ -418,7 +514,9 @@ def _unmask(r: _Reader, h: Header, lim: Limits) -> Unmask:
 _DECODERS = {
     MsgType.SETUP: _setup, MsgType.ADVERTISE: _advertise, MsgType.KEYS: _keys, MsgType.SHARES: _shares,
     MsgType.FORWARD: _forward, MsgType.MASKED: _masked, MsgType.UNMASK_REQUEST: _unmask_request,
-    MsgType.UNMASK: _unmask,
+    MsgType.UNMASK: _unmask, MsgType.SIGNED_ADVERTISE: _signed_advertise, MsgType.SIGNED_KEYS: _signed_keys,
+    MsgType.CONSISTENCY_CHECK: _consistency_check, MsgType.CONSISTENCY_SIGNATURE: _consistency_signature,
+    MsgType.SIGNATURES: _signatures,
 }
 
 
