@@ -1,4 +1,9 @@
-"""The ``fedsafe`` command."""
+"""The ``fedsafe`` command.
+
+Only typer and rich are imported at start-up; every subsystem is imported inside the command
+that needs it, so ``fedsafe --help`` stays fast. Errors a user can fix print one plain line
+each (``error: ...``, no markup, so ``[section]`` names survive) and exit with status 2.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,8 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from fedsafe.config import ConfigError
+from fedsafe import __version__
+from fedsafe.core.errors import ConfigError, FedsafeError
 
 app = typer.Typer(
     add_completion=False,
@@ -23,41 +29,91 @@ if not out.is_terminal:  # piped or captured: rich would assume 80 columns and w
     out = Console(width=160)
 
 
-def _fail(e: ConfigError) -> None:
+def _fail(e: FedsafeError) -> None:
     for line in e.problems:
-        err.print(f"[red]error:[/red] {line}", highlight=False, soft_wrap=True)
+        print(f"error: {line}", file=sys.stderr, flush=True)
     raise typer.Exit(2)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"fedsafe {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="print the version and exit")
+    ] = False,
+) -> None:
+    """Federated learning that is private against a curious server and robust against
+    poisoning clients, and that measures both."""
 
 
 @app.command()
 def run(
-    config: Annotated[Optional[Path], typer.Argument(help="experiment TOML (default: the embedded default)")] = None,
-    set_: Annotated[list[str], typer.Option("--set", "-s", help="override: section.key=value (repeatable)")] = [],  # noqa: B006
-    out_dir: Annotated[Optional[Path], typer.Option("--out", help="output directory")] = None,
-    resume: Annotated[Optional[Path], typer.Option("--resume", help="continue the run in this directory")] = None,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="replace an existing run in --out")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
+    config: Annotated[Optional[Path], typer.Argument(metavar="[CONFIG.toml]", help="experiment TOML (default: the embedded default)")] = None,
+    set_: Annotated[list[str], typer.Option("--set", "-s", metavar="KEY=VALUE", help="override a config key (repeatable)")] = [],  # noqa: B006
+    variant: Annotated[list[str], typer.Option("--variant", "-v", metavar="NAME", help="run only this variant (repeatable; 'base': the file without variants)")] = [],  # noqa: B006
+    out_dir: Annotated[Optional[Path], typer.Option("--out", metavar="DIR", help="output directory (default: runs/NAME)")] = None,
+    resume: Annotated[Optional[Path], typer.Option("--resume", metavar="DIR", help="continue the run in this directory")] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="replace an earlier fedsafe run in --out")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress output")] = False,
 ) -> None:
     """Run an experiment (or resume a killed one) and print its summary."""
     from fedsafe.config import load
-    from fedsafe.engine.run import load_run_config, run_experiment
+    from fedsafe.engine.run import describe_os_error, last_checkpoint_round, load_run_config, run_experiment
 
+    target = None
+    cfg = None
     try:
         if resume is not None:
-            if config is not None or set_ or out_dir is not None:
+            if config is not None or set_ or variant or out_dir is not None:
                 raise ConfigError(["--resume takes the run directory alone (its config.toml is reused)"])
             cfg = load_run_config(resume)
             target = resume
         else:
-            cfg = load(config, set_)
+            cfg = load(config, set_, variant)
             target = out_dir or Path("runs") / cfg.name
         run_experiment(cfg, target, resume=resume is not None, overwrite=overwrite, quiet=quiet, console=err)
-    except ConfigError as e:
+    except FedsafeError as e:
         _fail(e)
+    except OSError as e:  # a read-only or full disk met outside the run's own writes
+        _fail(FedsafeError(describe_os_error(e, f"{target}")))
+    except KeyboardInterrupt:
+        done = last_checkpoint_round(target, cfg) if cfg is not None and target is not None else {}
+        where = ", ".join(f"{name}: round {r}" for name, r in done.items() if r) or "none yet"
+        print(
+            f"\ninterrupted. Last checkpoint ({where}). Continue with: fedsafe run --resume {target}",
+            file=sys.stderr, flush=True,
+        )
+        raise typer.Exit(130) from None
     from fedsafe.report import find_runs, summary_table
 
     out.print(summary_table(find_runs([target])))
     out.print(f"results in {target}/", highlight=False)
+
+
+@app.command("list")
+def list_(
+    kind: Annotated[str, typer.Argument(metavar="KIND", help="rules | attacks | models | datasets | partitions | keys")],
+    contains: Annotated[Optional[str], typer.Option("--grep", metavar="TEXT", help="only entries whose name contains TEXT")] = None,
+) -> None:
+    """What a config can name: rules, attacks, models, datasets, partitions, or every config key."""
+    from rich.table import Table
+
+    from fedsafe.catalog import KINDS, items
+
+    if kind not in KINDS:
+        _fail(ConfigError([f"fedsafe list {kind}: unknown kind; valid: {', '.join(KINDS)}"]))
+    rows = [i for i in items(kind) if contains is None or contains in i.name]
+    table = Table(show_lines=False, box=None, pad_edge=False)
+    for col in ("group", "name", "type = default" if kind == "keys" else "parameters", "description"):
+        table.add_column(col, overflow="fold")
+    for i in rows:
+        table.add_row(i.group, i.name, i.params, i.description)
+    out.print(table, markup=False, highlight=False)
 
 
 @app.command()
@@ -80,19 +136,25 @@ def report(
 
 @app.command()
 def sweep(
-    config: Annotated[Optional[Path], typer.Argument(help="base experiment TOML (default: the embedded default)")] = None,
-    grid: Annotated[list[str], typer.Option("--grid", "-g", help="axis: section.key=v1,v2,... (repeatable)")] = [],  # noqa: B006
-    set_: Annotated[list[str], typer.Option("--set", "-s", help="override on the base: section.key=value")] = [],  # noqa: B006
-    out_dir: Annotated[Path, typer.Option("--out", help="sweep directory (finished cells are reused)")] = Path("runs/sweep"),
+    config: Annotated[Optional[Path], typer.Argument(metavar="[CONFIG.toml]", help="base experiment TOML (default: the embedded default)")] = None,
+    grid: Annotated[list[str], typer.Option("--grid", "-g", metavar="KEY=V1,V2,...", help="axis: section.key=v1,v2,... (repeatable; commas inside [...] {...} belong to a value)")] = [],  # noqa: B006
+    set_: Annotated[list[str], typer.Option("--set", "-s", metavar="KEY=VALUE", help="override on the base: section.key=value")] = [],  # noqa: B006
+    out_dir: Annotated[Path, typer.Option("--out", metavar="DIR", help="sweep directory (finished cells are reused)")] = Path("runs/sweep"),
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="cells run in parallel processes")] = 1,
-    rows: Annotated[Optional[str], typer.Option("--rows", help="heatmap rows (default robust.rule)")] = None,
-    cols: Annotated[Optional[str], typer.Option("--cols", help="heatmap columns (default attack.f)")] = None,
+    seeds: Annotated[int, typer.Option("--seeds", min=1, metavar="N", help="runs per cell, with seeds s, s+1, ... (s: the config's seed)")] = 1,
+    rows: Annotated[Optional[str], typer.Option("--rows", metavar="KEY", help="heatmap rows (default robust.rule)")] = None,
+    cols: Annotated[Optional[str], typer.Option("--cols", metavar="KEY", help="heatmap columns (default attack.f)")] = None,
     worst_case: Annotated[bool, typer.Option("--worst-case", help="add a panel: minimum over the other axes")] = False,
+    per: Annotated[list[str], typer.Option("--per", metavar="KEY", help="a grid axis judged separately in best_worst_case, like attack.f (repeatable)")] = [],  # noqa: B006
 ) -> None:
-    """Run a grid of experiments; write sweep.csv and a heatmap of final accuracy."""
+    """Run a grid of experiments; write sweep.csv, a heatmap of final accuracy, and each rule's
+    best hyper-parameters under the worst attack (best_worst_case.csv / .png)."""
+    from rich.progress import BarColumn, Progress, TextColumn
+
     from fedsafe.config import apply_overrides, default_config_text, parse_override, parse_toml, read_toml
-    from fedsafe.engine.sweep import parse_grid, run_sweep
-    from fedsafe.report.heatmap import plot_sweep
+    from fedsafe.core.errors import FedsafeError
+    from fedsafe.engine.sweep import BEST_CSV, best_worst_case, parse_grid, run_sweep, split_axes, write_best_worst_case_csv
+    from fedsafe.report.heatmap import plot_best_worst_case, plot_sweep
     from fedsafe.report.runs import ReportError
 
     try:
@@ -101,28 +163,51 @@ def sweep(
         dropped = base.pop("variants", None)
         if dropped:  # e.g. the embedded default: the grid's cells take the variants' place
             err.print(f"sweep: the base config's variants ({', '.join(dropped)}) are not run; the grid defines the runs",
-                      highlight=False)
+                      highlight=False, soft_wrap=True)
         axes = parse_grid(grid)
         keys = list(axes)
+        roles = split_axes(keys, per)
         r = rows or ("robust.rule" if "robust.rule" in keys else keys[0])
         c = cols or ("attack.f" if "attack.f" in keys and r != "attack.f" else next((k for k in keys if k != r), None))
+        bad = [f"--{opt} {k}: not a grid axis; grid axes: {', '.join(keys)}"
+               for opt, k in (("rows", r), ("cols", c)) if k is not None and k not in keys]
+        if bad or r == c:  # found before any cell runs, not after
+            raise ConfigError(bad or [f"--rows and --cols must be different grid axes (both {r})"])
 
-        def show(cell, res):
-            acc = res.get("final_accuracy")
-            note = f"{100 * acc:.1f}%" if acc is not None else f"n/a ({res.get('not_applicable')})"
-            err.print(f"{cell.dirname}: {note}", highlight=False)
+        # A bar on a terminal; otherwise one plain line per finished run (rich flushes each).
+        bar = Progress(TextColumn("sweep"), BarColumn(), TextColumn("{task.description}"), console=err,
+                       disable=not err.is_terminal, transient=True)
 
-        records = run_sweep(base, axes, out_dir, jobs=jobs, on_cell=show)
+        def show(t) -> None:
+            if t.cell is None:
+                err.print(f"sweep: {t.total} {t.unit}, {t.reused} reused, {t.total - t.reused} to run"
+                          f"{f' ({jobs} in parallel)' if jobs > 1 else ''}", highlight=False, soft_wrap=True)
+                bar.update(task, total=t.total, completed=t.done, description=t.line)
+                return
+            acc = t.result.get("final_accuracy")
+            note = f"{100 * acc:.1f}%" if acc is not None else f"n/a ({t.result.get('not_applicable')})"
+            which = t.cell.dirname + (f" seed={t.seed}" if seeds > 1 else "")
+            err.print(f"[{t.line}] {which}: {note}", highlight=False, soft_wrap=True, markup=False)
+            bar.update(task, completed=t.done, description=t.line)
+
+        with bar:
+            task = bar.add_task("", total=None)
+            records = run_sweep(base, axes, out_dir, jobs=jobs, seeds=seeds, on_progress=show)
         out.print(f"wrote {out_dir / 'sweep.csv'}", highlight=False)
+        out.print(f"wrote {out_dir / 'sweep_seeds.csv'}", highlight=False)
+        best = best_worst_case(records, keys, per)
+        out.print(f"wrote {write_best_worst_case_csv(out_dir / BEST_CSV, roles, best)}", highlight=False)
+        png = plot_best_worst_case(best, roles, out_dir / "best_worst_case.png")
+        out.print(f"wrote {png}", highlight=False)
         if c is None:
             out.print("one grid axis: no heatmap (give a second --grid for one)")
             return
         png = plot_sweep(records, keys, r, c, out_dir / "heatmap.png", worst_case=worst_case)
         out.print(f"wrote {png}", highlight=False)
-    except ConfigError as e:
-        _fail(e)
     except ReportError as e:
         _fail(ConfigError([str(e)]))
+    except FedsafeError as e:
+        _fail(e)
 
 
 privacy_app = typer.Typer(no_args_is_help=True, help="Differential-privacy accounting (dp-accounting).")
@@ -240,8 +325,33 @@ def audit_gaussian(
         json_out.write_text(json.dumps(rows, indent=2, default=float) + "\n")
 
 
+def _flags_as_flags(cmd) -> None:
+    """Show boolean flags without a value placeholder in --help (typer prints ``<bool>``)."""
+    for param in getattr(cmd, "params", []):
+        if getattr(param, "is_flag", False):
+            param.metavar = ""
+    make_help = cmd.get_help_option
+
+    def help_option(ctx):
+        opt = make_help(ctx)
+        if opt is not None:
+            opt.metavar = ""
+        return opt
+
+    cmd.get_help_option = help_option
+    for sub in getattr(cmd, "commands", {}).values():
+        _flags_as_flags(sub)
+
+
+def command():
+    """The click command behind ``fedsafe`` (what the console script runs)."""
+    cmd = typer.main.get_command(app)
+    _flags_as_flags(cmd)
+    return cmd
+
+
 def main() -> None:
-    app()
+    command()(prog_name="fedsafe")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import copy
 import importlib.resources
+import re
 import tomllib
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,6 +24,7 @@ import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fedsafe.audit.plugin import AuditConfig
+from fedsafe.core.errors import ConfigError
 from fedsafe.data.config import DataConfig
 from fedsafe.models.config import ModelConfig
 from fedsafe.privacy.dp_config import DPConfig
@@ -33,14 +36,6 @@ from fedsafe.registry import RegistryError
 from fedsafe.robust.aggregators import AGGREGATORS
 from fedsafe.robust.attacks import ATTACKS
 from fedsafe.robust.preaggregators import PREAGGREGATORS
-
-
-class ConfigError(ValueError):
-    """A config that cannot run; ``problems`` holds one line per problem."""
-
-    def __init__(self, problems: list[str]) -> None:
-        self.problems = problems
-        super().__init__("\n".join(problems))
 
 
 class Strict(BaseModel):
@@ -63,11 +58,15 @@ class ClientsConfig(Strict):
         "row of Zhang et al. (see [inherent])"
     )
     batch_size: int = Field(32, ge=1, le=1_000_000)
-    momentum: float = Field(0.9, ge=0, lt=1, description="dsgd local momentum beta")
+    momentum: float = Field(
+        0.9, ge=0, lt=1, description="dsgd local momentum beta (zeroth-order dsgd: on the decoded direction)"
+    )
     lr: float = Field(0.1, gt=0, description="fedavg local learning rate")
     local_steps: int | None = Field(None, ge=1, le=100_000, description="fedavg minibatch steps per round")
     local_epochs: int | None = Field(None, ge=1, le=10_000, description="fedavg epochs per round")
-    weight_decay: float = Field(0.0, ge=0, description="L2 regularisation added to client gradients")
+    weight_decay: float = Field(
+        0.0, ge=0, description="L2 regularisation added to client gradients (zeroth-order dsgd: to the decoded direction)"
+    )
     gradient: Literal["backprop", "zeroth_order"] = Field(
         "backprop", description="zeroth_order: BAFFLE clients, K forward passes and no backpropagation ([zo])"
     )
@@ -112,7 +111,10 @@ class ZOConfig(Strict):
     )
     chunk: int = Field(16, ge=1, description="perturbed models per batched forward call (1: plain loop)")
     decode_chunk: int = Field(64, ge=1, description="perturbations regenerated per server step")
-    clip_inf: float | None = Field(0.3, gt=0, description="rescale the decoded step to this ∞-norm (None: off)")
+    clip_inf: float | None = Field(
+        0.3, gt=0, description="rescale each zeroth-order gradient estimate to this ∞-norm: the decoded aggregate "
+        "(dsgd), every local step's (fedavg) (None: off)"
+    )
 
     @model_validator(mode="after")
     def _even(self) -> ZOConfig:
@@ -206,7 +208,8 @@ class RayConfig(Strict):
     """``execution = "ray"``: where and how client tasks run."""
 
     address: str = Field(
-        "local", description='"local" starts a Ray instance here; "auto" or "ray://host:port" joins a cluster'
+        "local", description='"local" starts a Ray instance here; "auto" (on a cluster node) or '
+        '"ray://host:port" (Ray Client; needs ray[client], in the ray extra) joins a cluster'
     )
     local_cpus: int | None = Field(None, ge=1, description="CPUs of a locally started instance (default: all)")
     num_cpus: float = Field(1.0, gt=0, description="CPUs reserved per client task")
@@ -215,20 +218,32 @@ class RayConfig(Strict):
     clients_per_task: int = Field(1, ge=1, description="clients computed by one task")
     inner: Literal["serial", "vectorized"] = Field("serial", description="backend inside a task")
     retries: int = Field(0, ge=0, le=100, description="retries of a failed task before its clients drop out")
+    task_timeout: float | None = Field(
+        None, gt=0, description="seconds after submission before a client task is cancelled and its clients "
+        "count as dropouts (None: wait forever); with it, tasks in flight default to the cluster's free slots"
+    )
     fail: list[tuple[int, int]] = Field(
         default_factory=list,
         description="fault injection for tests: (round, client) pairs whose task's worker process dies",
+    )
+    hang: list[tuple[int, int]] = Field(
+        default_factory=list,
+        description="fault injection for tests: (round, client) pairs whose task hangs (see task_timeout)",
     )
 
 
 class ExperimentConfig(Strict):
     """One federated experiment."""
 
-    name: str = "experiment"
+    name: str = Field(
+        "experiment", description="run name: the folder under runs/ (letters, digits and . _ - = , + @)"
+    )
     seed: int = Field(0, ge=0, le=2**63 - 1)
     rounds: int = Field(30, ge=1, le=10_000_000)
     eval_every: int = Field(1, ge=1, description="evaluate on the test set every this many rounds")
-    checkpoint_every: int = Field(0, ge=0, description="checkpoint every this many rounds (0: never)")
+    checkpoint_every: int = Field(
+        10, ge=0, description="checkpoint every this many rounds and at the last (0: never); --resume continues from it"
+    )
     execution: Literal["serial", "vectorized", "ray"] = "vectorized"
     protocol: Literal["plain", "secagg", "he", "tee"] = Field(
         "plain", description="plain: the server sees every update; secagg: only the sum (Bonawitz/SecAgg+); "
@@ -253,6 +268,27 @@ class ExperimentConfig(Strict):
         default_factory=dict, description="name -> {dotted.key = value} overrides, run side by side"
     )
 
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, v: str) -> str:
+        check_run_name(v)
+        return v
+
+    @field_validator("variants")
+    @classmethod
+    def _safe_variant_names(cls, v: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for name, over in v.items():
+            if name == BASE_VARIANT and over:
+                raise ValueError(
+                    f"variants.{BASE_VARIANT}: reserved for the base experiment itself, so it takes no "
+                    f"overrides (`--variant {BASE_VARIANT}` selects it); give this variant another name"
+                )
+            try:
+                check_run_name(name)
+            except ValueError as e:
+                raise ValueError(f"variants.{name}: {e}") from None
+        return v
+
     @model_validator(mode="after")
     def _cross(self) -> ExperimentConfig:
         n_total = self.clients.num_clients
@@ -274,7 +310,8 @@ class ExperimentConfig(Strict):
             try:
                 self.secagg.check_capacity(most)
             except ValueError as e:
-                raise ValueError(f"secagg: {e}") from None
+                msg = str(e).removeprefix("secagg: ")
+                raise ValueError(msg if msg.startswith("secagg.") else f"secagg: {msg}") from None
             if self.dp.enabled and self.dp.placement == "central":
                 raise ValueError(
                     "dp.placement = 'central' with protocol = 'secagg': the server sees only the sum, "
@@ -311,6 +348,20 @@ class ExperimentConfig(Strict):
         return tomli_w.dumps(self.to_dict())
 
 
+#: The name ``--variant`` gives the base experiment of a file with variants.
+BASE_VARIANT = "base"
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=,+@-]{0,127}")
+
+
+def check_run_name(name: str) -> None:
+    """Names become folder names: refuse anything that could escape or reuse a folder."""
+    if not _SAFE_NAME.fullmatch(name) or ".." in name:
+        raise ValueError(
+            f"{name!r} is not a valid run name: use 1-128 letters, digits and . _ - = , + @, "
+            "starting with a letter or digit, without '..' (it becomes a folder name)"
+        )
+
+
 def _drop_none(d: Any) -> Any:
     # TOML has no null: omitted keys mean "default", which is what None encodes here.
     if isinstance(d, dict):
@@ -329,9 +380,13 @@ def default_config_text() -> str:
 
 def read_toml(path: Path) -> dict[str, Any]:
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_bytes().decode("utf-8")
     except OSError as e:
         raise ConfigError([f"{path}: cannot read: {e.strerror}"]) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            [f"{path}: not a TOML text file (byte {e.start} is not UTF-8); give an experiment .toml file"]
+        ) from None
     return parse_toml(text, str(path))
 
 
@@ -416,11 +471,57 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def load(path: Path | None, overrides: list[str] = ()) -> ExperimentConfig:
-    """The experiment at ``path`` (the embedded default when None) with ``--set`` overrides."""
+def load(
+    path: Path | None, overrides: Sequence[str] = (), variants: Sequence[str] = ()
+) -> ExperimentConfig:
+    """The experiment at ``path`` (the embedded default when None) with ``--set`` overrides,
+    restricted to the ``--variant`` names in ``variants`` (see :func:`select_variants`)."""
     raw = parse_toml(default_config_text(), "default config") if path is None else read_toml(path)
     pairs = dict(parse_override(o) for o in overrides)
-    return validate(apply_overrides(raw, pairs))
+    return select_variants(validate(apply_overrides(raw, pairs)), variants, pairs)
+
+
+def select_variants(
+    cfg: ExperimentConfig, names: Sequence[str] = (), overrides: Iterable[str] = ()
+) -> ExperimentConfig:
+    """Which runs an experiment makes, and how command-line overrides meet its variants.
+
+    - No ``names``: every variant of the file runs (side by side); a file without variants is
+      one run.
+    - ``names``: only those variants run; ``base`` is the base experiment itself (the file with
+      no variant applied), so ``--variant base`` runs a file's base alone and
+      ``--variant base --variant mean`` runs it beside one variant.
+    - An override (``--set key=value``) applies to the base and so to every variant, except
+      where a selected variant sets the same key (or a table holding it) itself: the variant
+      would silently undo the override, so that is an error naming the variants.
+    """
+    known = dict(cfg.variants)
+    chosen = list(dict.fromkeys(names)) if names else list(known)
+    unknown = [n for n in chosen if n not in known and n != BASE_VARIANT]
+    if unknown:
+        valid = ", ".join([BASE_VARIANT, *known])
+        raise ConfigError([f"--variant {n}: no such variant; valid: {valid}" for n in unknown])
+    problems = []
+    for key in overrides:
+        clash = [
+            n for n in chosen
+            if any(_overlaps(key, v) for v in _flatten(known.get(n, {})))
+        ]
+        if clash:
+            problems.append(
+                f"--set {key}: variant(s) {', '.join(clash)} set {key} themselves, so the override "
+                "would not reach them; select other runs with --variant NAME "
+                f"(--variant {BASE_VARIANT} runs the base experiment) or drop the override"
+            )
+    if problems:
+        raise ConfigError(problems)
+    if chosen == [BASE_VARIANT]:
+        return cfg.model_copy(update={"variants": {}})
+    return cfg.model_copy(update={"variants": {n: known.get(n, {}) for n in chosen}})
+
+
+def _overlaps(a: str, b: str) -> bool:
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
 
 
 # --- error formatting ----------------------------------------------------------------------

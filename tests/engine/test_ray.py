@@ -1,6 +1,10 @@
 """Ray execution against a local Ray instance the tests start and stop."""
 
+import shutil
+from pathlib import Path
+
 import pytest
+import torch
 
 ray = pytest.importorskip("ray")
 
@@ -73,3 +77,72 @@ def test_tee_accelerators_on_ray_actors(local_ray):
     # Exact decoding: the selected set and the model do not depend on where distances were computed.
     assert torch.equal(local.state.params, on_ray.state.params)
     assert on_ray.rows[-1]["mi_bound_bits"] > 0
+
+
+def test_zeroth_order_fedsgd_on_ray_equals_serial(local_ray):
+    # Messages are K scalars, not d parameters; momentum and weight decay act on the decoded step.
+    over = {"rounds": 2, "clients.num_clients": 5, "ray.clients_per_task": 2, "clients.gradient": "zeroth_order",
+            "clients.momentum": 0.5, "clients.weight_decay": 1e-3, "zo.k": 12, "zo.sigma": 1e-3}
+    serial = Federation(small(execution="serial", **over))
+    on_ray = Federation(small(execution="ray", **over))
+    serial.run(), on_ray.run()
+    assert strip(serial.rows) == strip(on_ray.rows)
+    assert torch.equal(serial.state.params, on_ray.state.params)
+
+
+def test_workers_need_no_data_files(local_ray, tmp_path, monkeypatch):
+    # The driver loads the files once and ships the arrays through the object store: the
+    # directory is gone before any task runs, and the run still equals the serial one.
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "data"))
+    from test_data_idx import make_mnist
+
+    make_mnist(tmp_path / "mnist", n_train=40, n_test=10, size=8)
+    over = {"rounds": 2, "clients.num_clients": 4, "ray.clients_per_task": 2,
+            "data": {"name": "mnist", "path": str(tmp_path / "mnist"), "partition": "iid"}}
+    serial = Federation(small(execution="serial", **over))
+    on_ray = Federation(small(execution="ray", **over))
+    shutil.rmtree(tmp_path / "mnist")
+    serial.run(), on_ray.run()
+    assert [r["dropouts"] for r in on_ray.rows] == [0, 0]
+    assert strip(serial.rows) == strip(on_ray.rows)
+
+
+def test_hung_task_times_out_into_a_recorded_dropout(local_ray):
+    over = {"rounds": 2, "clients.num_clients": 4, "ray.clients_per_task": 2}
+    Federation(small(execution="ray", **{**over, "rounds": 1})).run()  # warm the worker processes
+    fed = Federation(small(execution="ray", **over, **{"ray.hang": [[2, 3]], "ray.task_timeout": 2.0}))
+    fed.run()
+    assert [r["dropouts"] for r in fed.rows] == [0, 2]  # the task of clients 2 and 3
+    assert [r.get("skipped") for r in fed.rows] == [None, None]
+
+
+def test_with_a_timeout_tasks_in_flight_default_to_the_cluster_slots(local_ray):
+    # The timeout clock starts at submission: a queued task must not time out waiting for a CPU.
+    cap = lambda **over: Federation(small(execution="ray", **over)).work._in_flight_cap(10)  # noqa: E731
+    assert cap() == 10  # no timeout: everything in flight
+    assert cap(**{"ray.task_timeout": 5.0}) == 2  # the fixture's 2 CPUs, 1 per task
+    assert cap(**{"ray.task_timeout": 5.0, "ray.num_cpus": 0.5}) == 4
+    assert cap(**{"ray.task_timeout": 5.0, "ray.max_concurrent": 3}) == 3
+
+
+def test_ray_client_address_needs_the_client_extra(monkeypatch):
+    import importlib.util
+
+    from fedsafe.config import ConfigError
+    from fedsafe.engine import ray_execution
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(ray_execution.importlib.util, "find_spec", lambda n, *a: None if n == "grpc" else real(n, *a))
+    with pytest.raises(ConfigError, match=r"ray\.address.*ray://.*fedsafe\[ray\]"):
+        Federation(small(execution="ray", **{"ray.address": "ray://127.0.0.1:10001"}))
+
+
+def test_inherent_clients_on_ray_equal_serial(local_ray):
+    # The driver fixes σ² (calibrated from the config); tasks receive it with their clients.
+    over = {"rounds": 2, "clients.num_clients": 4, "ray.clients_per_task": 2, "clients.algorithm": "inherent",
+            "inherent": {"row": "gsgd+wf_na", "sigma2": 0.5, "max_records": 8}}
+    serial = Federation(small(execution="serial", **over))
+    on_ray = Federation(small(execution="ray", **over))
+    serial.run(), on_ray.run()
+    assert [r["dropouts"] for r in on_ray.rows] == [0, 0]
+    assert strip(serial.rows) == strip(on_ray.rows)

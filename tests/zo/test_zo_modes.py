@@ -107,3 +107,25 @@ def test_local_step_follows_the_gradient(scheme):
         loss, w0, lambda s: (xs[0], ys[0]), steps=5, lr=0.5, k=100, sigma=1e-4, seed=0, client=0, round=0
     )
     assert loss(w0 + several.delta, xs[0], ys[0]) < loss(w0, xs[0], ys[0])
+
+
+def test_decoded_momentum_steps_and_checks_its_state():
+    from fedsafe.engine.server_optimizer import ServerSGD
+    from fedsafe.zo import DecodedMomentum
+
+    step = DecodedMomentum(ServerSGD(lr=0.1), momentum=0.5, weight_decay=0.1)
+    w, g = torch.ones(3, dtype=torch.float64), torch.tensor([1.0, 0.0, -1.0], dtype=torch.float64)
+    w1, buf = step.step(w, g, None)
+    m1 = 0.5 * (g + 0.1 * w)  # m_0 = 0
+    torch.testing.assert_close(buf["momentum"], m1)
+    torch.testing.assert_close(w1, w - 0.1 * m1)
+    w2, buf = step.step(w1, g, buf)
+    m2 = 0.5 * m1 + 0.5 * (g + 0.1 * w1)
+    torch.testing.assert_close(w2, w1 - 0.1 * m2)
+    assert step.buffer_problem(buf, 3) is None and step.buffer_problem(None, 3) is None
+    assert "state" in step.buffer_problem(torch.zeros(3), 3)
+    assert "missing" in step.buffer_problem({"momentum": None, "inner": None}, 3)
+    assert "3 entries" in step.buffer_problem({"momentum": torch.zeros(4), "inner": None}, 3)
+    assert "present" in DecodedMomentum(ServerSGD(0.1), 0.0, 0.1).buffer_problem(buf, 3)
+    with pytest.raises(ValueError, match="clients.momentum"):
+        DecodedMomentum(ServerSGD(0.1), momentum=1.0)

@@ -43,7 +43,7 @@ class DataConfig(BaseModel):
         description="fraction of each client's data drawn IID; the rest is label-sorted",
     )
     test_fraction: float = Field(0.2, gt=0, lt=1, allow_inf_nan=False)
-    resize: int | None = Field(None, ge=1, description="resize images to resize x resize")
+    resize: int | None = Field(None, ge=1, le=4096, description="resize images to resize x resize")
     max_train: int | None = Field(None, ge=1)
     max_test: int | None = Field(None, ge=1)
     synthetic_alpha: float = Field(1.0, ge=0, allow_inf_nan=False, description="variance of u_k")

@@ -14,5 +14,6 @@ class DataFormatError(ValueError):
     """A dataset file is malformed: wrong magic number, dtype, shape, length or contents."""
 
 
-class UnsafePickleError(pickle.UnpicklingError):
-    """A pickle referenced a global outside the allow-list needed to rebuild numpy arrays."""
+class UnsafePickleError(pickle.UnpicklingError, DataFormatError):
+    """A pickle referenced a global outside the allow-list needed to rebuild numpy arrays
+    (also a :class:`DataFormatError`, so callers that handle malformed files handle it)."""

@@ -17,7 +17,7 @@ Pipeline (each random step from its own named stream, so the same seed gives the
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,7 @@ from fedsafe.data.split import random_subset, split_count, stratified_split, sub
 from fedsafe.data.synthetic import generate_synthetic
 from fedsafe.data.transforms import channel_stats, resize_images, standardise
 from fedsafe.engine.streams import numpy_stream
+from fedsafe.registry import Registry
 
 
 @dataclass
@@ -48,35 +49,65 @@ class _Raw:
     natural: list[np.ndarray] | None = None  # generator clients, indices into x_train
 
 
-def _read(cfg: DataConfig, num_clients: int, seed: int) -> _Raw:
-    if cfg.name == "digits":
-        x, y = load_digits_images()
-        train, test = stratified_split(y, cfg.test_fraction, numpy_stream(seed, "data.split"))
-        return _Raw(x[train], y[train], x[test], y[test], DIGITS_CLASSES, 1.0)
-    if cfg.name == "synthetic":
-        gen = generate_synthetic(
-            num_clients, seed, alpha=cfg.synthetic_alpha, beta=cfg.synthetic_beta,
-            dim=cfg.synthetic_dim, num_classes=cfg.synthetic_classes,
-            mean_samples=cfg.synthetic_samples,
-        )
-        train_parts, test_parts = [], []
-        for k, idx in enumerate(gen.indices()):
-            perm = numpy_stream(seed, "data.split", k).permutation(idx)
-            n_test = split_count(idx.size, cfg.test_fraction)
-            test_parts.append(np.sort(perm[:n_test]))
-            train_parts.append(np.sort(perm[n_test:]))
-        train, test = np.concatenate(train_parts), np.concatenate(test_parts)
-        ends = np.cumsum([p.size for p in train_parts])
-        natural = [np.arange(e - p.size, e, dtype=np.int64) for p, e in zip(train_parts, ends, strict=True)]
-        return _Raw(gen.x[train], gen.y[train], gen.x[test], gen.y[test],
-                    cfg.synthetic_classes, 1.0, natural)
-    if cfg.name in ("mnist", "fashion_mnist"):
-        assert cfg.path is not None  # DataConfig guarantees it
-        return _Raw(*load_mnist_idx(cfg.path, cfg.name), num_classes=10, scale=255.0)
-    if cfg.name == "cifar10":
-        assert cfg.path is not None
-        return _Raw(*load_cifar10(cfg.path), num_classes=10, scale=255.0)
-    raise AssertionError(f"unhandled data.name {cfg.name!r}")  # Literal type makes this unreachable
+# Resized images live in memory as float32; larger requests are refused before any work.
+MAX_RESIZED_BYTES = 8 * 2**30
+
+Reader = Callable[[DataConfig, int, int], _Raw]
+# A dataset reader returns the raw train/test splits; its docstring's first paragraph is what
+# `fedsafe list datasets` shows.
+DATASETS: Registry[Reader] = Registry("dataset")
+
+
+@DATASETS.register("digits")
+def _digits(cfg: DataConfig, num_clients: int, seed: int) -> _Raw:
+    """scikit-learn's bundled handwritten digits: 1,797 images of 8×8 pixels, 10 classes
+    (no download); a stratified test split of ``data.test_fraction``."""
+    x, y = load_digits_images()
+    train, test = stratified_split(y, cfg.test_fraction, numpy_stream(seed, "data.split"))
+    return _Raw(x[train], y[train], x[test], y[test], DIGITS_CLASSES, 1.0)
+
+
+@DATASETS.register("synthetic")
+def _synthetic(cfg: DataConfig, num_clients: int, seed: int) -> _Raw:
+    """synthetic(α, β) of Li et al. (FedProx): 60 features, 10 classes, one generator per
+    client (``data.partition = "natural"`` keeps them)."""
+    gen = generate_synthetic(
+        num_clients, seed, alpha=cfg.synthetic_alpha, beta=cfg.synthetic_beta,
+        dim=cfg.synthetic_dim, num_classes=cfg.synthetic_classes,
+        mean_samples=cfg.synthetic_samples,
+    )
+    train_parts, test_parts = [], []
+    for k, idx in enumerate(gen.indices()):
+        perm = numpy_stream(seed, "data.split", k).permutation(idx)
+        n_test = split_count(idx.size, cfg.test_fraction)
+        test_parts.append(np.sort(perm[:n_test]))
+        train_parts.append(np.sort(perm[n_test:]))
+    train, test = np.concatenate(train_parts), np.concatenate(test_parts)
+    ends = np.cumsum([p.size for p in train_parts])
+    natural = [np.arange(e - p.size, e, dtype=np.int64) for p, e in zip(train_parts, ends, strict=True)]
+    return _Raw(gen.x[train], gen.y[train], gen.x[test], gen.y[test], cfg.synthetic_classes, 1.0, natural)
+
+
+@DATASETS.register("mnist")
+def _mnist(cfg: DataConfig, num_clients: int, seed: int) -> _Raw:
+    """MNIST from its IDX files (optionally .gz) in ``data.path``: 28×28 grey digits."""
+    assert cfg.path is not None  # DataConfig guarantees it
+    return _Raw(*load_mnist_idx(cfg.path, "mnist"), num_classes=10, scale=255.0)
+
+
+@DATASETS.register("fashion_mnist")
+def _fashion_mnist(cfg: DataConfig, num_clients: int, seed: int) -> _Raw:
+    """Fashion-MNIST from its IDX files (optionally .gz) in ``data.path``: 28×28 grey clothes."""
+    assert cfg.path is not None
+    return _Raw(*load_mnist_idx(cfg.path, "fashion_mnist"), num_classes=10, scale=255.0)
+
+
+@DATASETS.register("cifar10")
+def _cifar10(cfg: DataConfig, num_clients: int, seed: int) -> _Raw:
+    """CIFAR-10 from the python pickle batches in ``data.path`` (read by a restricted
+    unpickler: no code runs): 32×32 colour images, 10 classes."""
+    assert cfg.path is not None
+    return _Raw(*load_cifar10(cfg.path), num_classes=10, scale=255.0)
 
 
 def _partition_params(cfg: DataConfig) -> dict[str, Any]:
@@ -103,7 +134,7 @@ def load_federated(cfg: DataConfig | Mapping[str, Any], num_clients: int, seed: 
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be an int >= 0, got {seed!r}")
     num_clients, seed = int(num_clients), int(seed)
-    raw = _read(cfg, num_clients, seed)
+    raw = DATASETS.entry(cfg.name).impl(cfg, num_clients, seed)
 
     if raw.natural is not None and cfg.partition == "natural":
         keep = subset_keeping_groups(raw.natural, cfg.max_train, numpy_stream(seed, "data.subset", 0))
@@ -128,6 +159,15 @@ def load_federated(cfg: DataConfig | Mapping[str, Any], num_clients: int, seed: 
         clients = partition(cfg.partition, y_train, num_clients,
                             numpy_stream(seed, "data.partition"), **_partition_params(cfg))
 
+    if cfg.resize is not None and cfg.name in IMAGE_DATASETS:
+        channels = raw.x_train.shape[1]
+        need = (keep.size + keep_test.size) * channels * cfg.resize**2 * 4
+        if need > MAX_RESIZED_BYTES:
+            raise ValueError(
+                f"data.resize = {cfg.resize} would hold {keep.size + keep_test.size} images of "
+                f"{channels}x{cfg.resize}x{cfg.resize} float32 in memory ({need / 2**30:.1f} GiB, limit "
+                f"{MAX_RESIZED_BYTES / 2**30:.0f} GiB); use a smaller data.resize or data.max_train/max_test"
+            )
     x_train = torch.from_numpy(np.ascontiguousarray(raw.x_train[keep])).float()
     x_test = torch.from_numpy(np.ascontiguousarray(raw.x_test[keep_test])).float()
     mean = std = None

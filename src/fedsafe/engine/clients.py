@@ -6,6 +6,13 @@ global model and sends its local momentum ``m ← βm + (1−β)(g + λw)``.
 With ``local_epochs = E`` a client of ``n_i`` samples runs ``E·⌈n_i/B⌉`` steps; clients that
 finish early are masked out of later steps, so all clients still move in one batched call.
 
+With ``gradient = "zeroth_order"`` (BAFFLE) both algorithms use only forward passes. fedavg
+takes the same local steps with the zeroth-order estimate, each rescaled to ∞-norm
+``zo.clip_inf`` before λw is added (BAFFLE's clip, per local step). dsgd is FedSGD: a client
+uploads M loss differences, the server decodes their aggregate, clips it to ``zo.clip_inf``,
+and applies ``momentum`` and ``weight_decay`` to the decoded direction
+(:class:`fedsafe.zo.DecodedMomentum`, through :meth:`ClientWork.server_optimizer`).
+
 Minibatches are drawn without replacement from the client's own data (with replacement when
 the client holds fewer than ``B`` samples), from the counter-based stream
 ``("batches", client, round, step, position)``: the same client sees the same batches whatever
@@ -104,9 +111,28 @@ class ClientWork:
             loss, params, lambda s, active: self._batch(round_, s, ids[active], label_transform),
             clients=ids, steps=self.steps[ids], lr=self.cfg.lr, k=self.zo.k, sigma=self.zo.sigma,
             seed=self.seed, round=round_, scheme=self.zo.scheme, chunk=self.zo.chunk,
-            weight_decay=self.cfg.weight_decay,
+            weight_decay=self.cfg.weight_decay, clip=self.zo.clip_inf,
         )
         return LocalResult(res.delta, res.losses, None)
+
+    @property
+    def zo_fedsgd(self) -> bool:
+        return self.cfg.gradient == "zeroth_order" and self.cfg.algorithm == "dsgd"
+
+    def message_dim(self, dim: int) -> int:
+        """Length of one client's message for a ``dim``-parameter model (M scalars for
+        zeroth-order FedSGD, else ``dim``)."""
+        return self.zo_settings.message_dim if self.zo_fedsgd else dim
+
+    def server_optimizer(self, inner):
+        """The server step the decoded direction goes to: ``inner`` itself, except for
+        zeroth-order FedSGD with ``momentum`` or ``weight_decay``, whose client momentum and
+        weight decay can only act on the decoded direction (:class:`fedsafe.zo.DecodedMomentum`)."""
+        if not self.zo_fedsgd or (self.cfg.momentum == 0 and self.cfg.weight_decay == 0):
+            return inner
+        from fedsafe.zo import DecodedMomentum
+
+        return DecodedMomentum(inner, self.cfg.momentum, self.cfg.weight_decay)
 
     def close(self) -> None:
         """Release execution resources (a no-op in-process)."""
@@ -118,7 +144,8 @@ class ClientWork:
         already); fedavg messages are model deltas, so the direction is their negation (server
         lr 1 = plain FedAvg). Zeroth-order FedSGD messages are K loss differences: the server
         regenerates the round's shared perturbations and decodes ĝ = (1/K) Σ δ_k s_k / σ²,
-        then (BAFFLE's guideline) rescales it to ∞-norm ``zo.clip_inf``.
+        then (BAFFLE's guideline) rescales it to ∞-norm ``zo.clip_inf``; its momentum and
+        weight decay come after, in :meth:`server_optimizer`.
         """
         if self.cfg.algorithm == "fedavg":
             return -aggregate

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.func import functional_call
 
-from fedsafe.config import ConfigError, ExperimentConfig
+from fedsafe.config import ExperimentConfig
+from fedsafe.core.errors import CheckpointError, ConfigError
 from fedsafe.data import FederatedDataset, load_federated
 from fedsafe.engine.backends import make_backend
 from fedsafe.engine.clients import ClientWork
@@ -26,7 +27,7 @@ from fedsafe.engine.plugins import Plugin
 from fedsafe.engine.protocol import ProtocolError, make_protocol
 from fedsafe.engine.sampling import byzantine_ids, sample_clients
 from fedsafe.engine.server_optimizer import ServerAdam, ServerSGD
-from fedsafe.engine.state import FederationState, load_checkpoint, save_checkpoint
+from fedsafe.engine.state import CHECKPOINT, FederationState, load_checkpoint, save_checkpoint
 from fedsafe.engine.streams import torch_stream
 from fedsafe.engine.types import Message, RoundContext
 from fedsafe.models import ParamLayout, build_model, flatten_params
@@ -93,6 +94,7 @@ class Federation:
             self.server = ServerAdam(sv.lr, tuple(sv.betas), sv.eps, sv.weight_decay)
         else:
             self.server = ServerSGD(sv.lr, sv.momentum, sv.weight_decay)
+        self.server = self.work.server_optimizer(self.server)  # zeroth-order FedSGD: client momentum
         self.plugins = list(plugins)
         if cfg.inherent is not None:
             from fedsafe.privacy.inherent.engine import InherentPlugin
@@ -164,22 +166,55 @@ class Federation:
     # --- resume ---------------------------------------------------------------------------
 
     def restore(self) -> None:
-        """Continue from ``out_dir``'s checkpoint; metrics after it are dropped and redone."""
+        """Continue from ``out_dir``'s checkpoint; metrics after it are dropped and redone.
+
+        The checkpoint is checked against this run's config (round range, every tensor's shape,
+        each plugin's state): a tampered or foreign checkpoint raises :class:`CheckpointError`.
+        """
         if self.out_dir is None:
             raise ValueError("restore needs an out_dir")
         state = load_checkpoint(self.out_dir)
-        if state.params.shape != self.state.params.shape:
-            raise ValueError(
-                f"checkpoint has {state.params.numel()} parameters, the config's model "
-                f"{self.state.params.numel()}"
-            )
+        where = self.out_dir / CHECKPOINT
+        d = self.state.params.numel()
+        if not 0 <= state.round <= self.cfg.rounds:
+            raise CheckpointError(f"{where}: round {state.round} is outside this run's 0..{self.cfg.rounds}")
+        problem = self.server.buffer_problem(state.server_buf, d)
+        if problem is not None:
+            raise CheckpointError(f"{where}: server optimizer state: {problem}")
+        expect = {
+            "params": (d,),
+            "momentum": None if self.state.momentum is None else tuple(self.state.momentum.shape),
+        }
+        for key, shape in expect.items():
+            value = getattr(state, key)
+            if value is None:
+                if key == "momentum" and shape is not None:
+                    raise CheckpointError(f"{where}: momentum is missing; this run keeps client momentum {shape}")
+                continue
+            if shape is None or tuple(value.shape) != shape:
+                raise CheckpointError(
+                    f"{where}: {key} has shape {tuple(value.shape)}, this run's config needs "
+                    f"{'none' if shape is None else shape}"
+                )
+            setattr(state, key, value.to(self.state.params.dtype))
+        if state.previous is not None and state.previous.dim() != 1:
+            raise CheckpointError(f"{where}: previous aggregate must be a vector, got shape {tuple(state.previous.shape)}")
+        if self.ema is not None and not isinstance(state.extra.get("_ema"), dict):
+            raise CheckpointError(f"{where}: the moving average (server.ema) is missing")
+        try:
+            if self.ema is not None:
+                self.ema.load_state_dict(state.extra["_ema"])
+            for p in self.plugins:
+                p.load_state_dict(state.extra.get(p.name, {}))
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as e:
+            raise CheckpointError(f"{where}: plugin state does not fit this run: {e}") from None
+        try:
+            rows = self.metrics.truncate_after(state.round)
+        except ValueError as e:
+            raise CheckpointError(f"{self.out_dir}: metrics: {e}") from None
         self.state = state
         self.pipeline.previous = state.previous
-        if self.ema is not None:
-            self.ema.load_state_dict(state.extra["_ema"])
-        for p in self.plugins:
-            p.load_state_dict(state.extra.get(p.name, {}))
-        self.rows = self.metrics.truncate_after(state.round)
+        self.rows = rows
 
     # --- the round ------------------------------------------------------------------------
 
@@ -348,6 +383,15 @@ class Federation:
         finally:
             self.close()
         return self.summary()
+
+    def save_model(self, out_dir: Path) -> Path:
+        """Write the evaluated model (the moving average with ``server.ema``) as ``model.pt``
+        plus ``model.json``; rebuild it with :func:`fedsafe.models.load_trained`."""
+        from fedsafe.models.saved import save_trained
+
+        params = self.state.params if self.ema is None else self.ema.value
+        self.layout.load_into(self.model, params)
+        return save_trained(self.model, out_dir, self.cfg.model, self.data.input_shape, self.data.num_classes)
 
     def close(self) -> None:
         """Release execution resources (a Ray instance, protocol worker processes)."""

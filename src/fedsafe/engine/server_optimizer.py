@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 
@@ -26,6 +27,14 @@ class ServerSGD:
         buf = d.clone() if buf is None else self.momentum * buf + d
         return params - self.lr * buf, buf
 
+    def buffer_problem(self, buf: object, dim: int) -> str | None:
+        """Why ``buf`` (e.g. from a checkpoint) cannot be this optimizer's buffer, else None."""
+        if buf is None:
+            return None
+        if self.momentum == 0:
+            return "a momentum buffer, but server.momentum = 0"
+        return _vector_problem(buf, dim)
+
 
 @dataclass(frozen=True)
 class ServerAdam:
@@ -46,3 +55,26 @@ class ServerAdam:
         state = None if buf is None else AdamState(buf["m"], buf["v"], int(buf["t"]))
         params, new = adam.step(params, direction, state)
         return params, {"m": new.m, "v": new.v, "t": new.t}
+
+    def buffer_problem(self, buf: object, dim: int) -> str | None:
+        """Why ``buf`` (e.g. from a checkpoint) cannot be this optimizer's state, else None."""
+        if buf is None:
+            return None
+        if not isinstance(buf, dict) or set(buf) != {"m", "v", "t"}:
+            return "not Adam's state {m, v, t}"
+        t = buf["t"]
+        if isinstance(t, bool) or not isinstance(t, int) or t < 1:
+            return f"Adam's step count t must be an integer >= 1, got {t!r}"
+        problem = _vector_problem(buf["m"], dim) or _vector_problem(buf["v"], dim)
+        if problem is None and bool((buf["v"] < 0).any()):
+            problem = "Adam's second moment v has negative entries"
+        return problem
+
+
+def _vector_problem(v: object, dim: int) -> str | None:
+    if not isinstance(v, Tensor) or not v.is_floating_point() or tuple(v.shape) != (dim,):
+        shape = tuple(v.shape) if isinstance(v, Tensor) else type(v).__name__
+        return f"expected a float vector of {dim} entries, got {shape}"
+    if not bool(torch.isfinite(v).all()):
+        return "holds NaN or infinite values"
+    return None

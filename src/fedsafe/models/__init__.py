@@ -13,6 +13,7 @@ from fedsafe.models.build import MODELS, build_model, count_parameters
 from fedsafe.models.config import ModelConfig
 from fedsafe.models.initialization import init_parameters
 from fedsafe.models.params import ParamLayout, flatten_params
+from fedsafe.models.saved import load_trained, save_trained
 
 __all__ = [
     "MODELS",
@@ -22,4 +23,6 @@ __all__ = [
     "count_parameters",
     "flatten_params",
     "init_parameters",
+    "load_trained",
+    "save_trained",
 ]

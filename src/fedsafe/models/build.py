@@ -51,11 +51,14 @@ def _image_shape(cfg: ModelConfig, input_shape: tuple[int, ...]) -> tuple[int, i
 
 @MODELS.register("logreg")
 def _logreg(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """Multinomial logistic regression (one linear layer; 650 parameters on digits)."""
     return LogReg(math.prod(input_shape), num_classes)
 
 
 @MODELS.register("mlp")
 def _mlp(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """SABLE model 1: in-hidden-classes MLP (``model.hidden``, ``model.activation``; 79,510
+    parameters on MNIST)."""
     return MLP(math.prod(input_shape), cfg.hidden, num_classes, act=cfg.activation)
 
 
@@ -73,18 +76,24 @@ def _sable_cnn(
 
 @MODELS.register("cnn_fmnist")
 def _cnn_fmnist(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """SABLE model 2: two convolutions and two linear layers (431,080 parameters on
+    Fashion-MNIST); images of at least 16×16."""
     # SABLE model 2: C(1,20) R M C(20,50) R M L(800,500) R L(500,10)
     return _sable_cnn(cfg, input_shape, num_classes, (20, 50), (500,))
 
 
 @MODELS.register("cnn_cifar")
 def _cnn_cifar(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """SABLE model 3: two convolutions and three linear layers (712,854 parameters on
+    CIFAR-10); images of at least 16×16."""
     # SABLE model 3: C(3,20) R M C(20,200) R M L(5000,120) R L(120,84) R L(84,10)
     return _sable_cnn(cfg, input_shape, num_classes, (20, 200), (120, 84))
 
 
 @MODELS.register("lenet")
 def _lenet(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """BAFFLE's shallow LeNet: two 5×5 convolutions, optional GroupNorm (``model.norm``) and
+    Hardswish (``model.activation``); 26,730 parameters on MNIST."""
     c, _, _ = _image_shape(cfg, input_shape)
     if cfg.norm == "group" and any(ch % cfg.groups for ch in LENET_CHANNELS):
         # ModelConfig validates this; repeated for configs built with model_construct.

@@ -59,6 +59,13 @@ class ParamLayout:
         parts = torch.split(flat, self.numel)
         return {n: part.view(s) for n, part, s in zip(self.names, parts, self.shapes)}
 
+    def load_into(self, model: nn.Module, flat: Tensor) -> None:
+        """Copy the flat vector ``flat`` into ``model``'s parameters, in place."""
+        views = self.unflatten(flat)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p.copy_(views[name])
+
     def flatten(self, params: dict[str, Tensor]) -> Tensor:
         """Inverse of :meth:`unflatten`: concatenate ``params`` in layout order."""
         missing = [n for n in self.names if n not in params]

@@ -6,7 +6,8 @@
   models, memory bounded by ``chunk``), ``loss_differences_many`` (n clients at once),
   ``reconstruct`` (streaming server decode), ``estimate_gradient``, ``expected_cosine``.
 - :mod:`~fedsafe.zo.fedsgd`: ``ZOSettings``, ``client_messages``, ``ZODecoder`` (message = M
-  scalars; the server decodes the aggregate).
+  scalars; the server decodes the aggregate), ``DecodedMomentum`` (client momentum and weight
+  decay, on the decoded direction).
 - :mod:`~fedsafe.zo.local`: ``zo_local_steps[_many]`` (FedAvg mode, message = model delta).
 - BAFFLE's training guidelines: ``Adam`` (server optimizer), ``clip_inf``, ``EMA`` (evaluate
   the moving average of the global model). Hardswish and GroupNorm are model options
@@ -28,7 +29,7 @@ from fedsafe.zo.estimator import (
     loss_differences_reference,
     reconstruct,
 )
-from fedsafe.zo.fedsgd import ZODecoder, ZOSettings, client_messages
+from fedsafe.zo.fedsgd import DecodedMomentum, ZODecoder, ZOSettings, client_messages
 from fedsafe.zo.local import LocalZOResult, zo_local_steps, zo_local_steps_many
 from fedsafe.zo.perturbations import SCHEMES, PerturbationSource, num_directions, upload_bytes
 
@@ -37,6 +38,7 @@ __all__ = [
     "EMA",
     "Adam",
     "AdamState",
+    "DecodedMomentum",
     "LocalZOResult",
     "PerturbationSource",
     "ZODecoder",

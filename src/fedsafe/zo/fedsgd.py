@@ -15,12 +15,24 @@ the signal; likewise DP noise and clipping norms are in units of loss difference
 
 Bytes up per client per round: 4M (:func:`~fedsafe.zo.perturbations.upload_bytes`), vs 4d
 for backprop FedSGD.
+
+Client momentum and weight decay (``clients.momentum`` β, ``clients.weight_decay`` λ) act on
+the decoded direction, :class:`DecodedMomentum`. They cannot act on the messages: the δ_k are
+redrawn every round, so coordinate k of round t and coordinate k of round t−1 are loss
+differences along unrelated directions, and an average of messages across rounds averages
+unrelated numbers. Nor can a client keep its own d-dimensional momentum and still upload M
+scalars: the server's decode of any M-vector lies in the span of the round's M directions,
+which a momentum vector generally does not. Decoding is linear, so for the mean rule
+β-momentum of the decoded mean equals the mean of the clients' decoded momenta whenever the
+same clients take part every round; under a robust rule it comes after aggregation.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Protocol
 
+import torch
 from torch import Tensor
 
 from fedsafe.zo.estimator import DEFAULT_CHUNK, DEFAULT_DECODE_CHUNK, LossFn, loss_differences_many, reconstruct
@@ -107,3 +119,63 @@ class ZODecoder:
             aggregate, self.settings.source(ctx.seed, self.dim), ctx.round, self.settings.scheme,
             self.settings.decode_chunk,
         )
+
+
+class _ServerStep(Protocol):
+    def step(self, params: Tensor, direction: Tensor, buf: Any) -> tuple[Tensor, Any]: ...
+
+    def buffer_problem(self, buf: object, dim: int) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class DecodedMomentum:
+    """Zeroth-order FedSGD's client momentum β and weight decay λ, on the decoded direction.
+
+    With ĝ_t the server's decode of round t's aggregate (after ``zo.clip_inf``) and W_t the
+    global model, the direction handed to the ``inner`` server optimizer is
+
+        u_t = ĝ_t + λ W_t;   m_t = β m_{t−1} + (1 − β) u_t,  m_0 = 0;   inner.step(W_t, m_t)
+
+    — backprop dsgd's client update m ← βm + (1−β)(g + λw) with ĝ in place of g (see the
+    module docstring for why it cannot run on the clients). λW is added exactly by the server,
+    which knows W, rather than estimated from a λ‖W‖²/2 term in the clients' losses (that
+    estimate would carry the estimator's (d+M)/M variance). ``buf`` is
+    ``{"momentum": m_t (None when β = 0), "inner": the inner optimizer's buffer}`` (None before
+    the first step).
+    """
+
+    inner: _ServerStep
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"clients.momentum must lie in [0, 1), got {self.momentum}")
+        if not self.weight_decay >= 0:
+            raise ValueError(f"clients.weight_decay must be >= 0, got {self.weight_decay}")
+
+    def step(self, params: Tensor, direction: Tensor, buf: dict[str, Any] | None) -> tuple[Tensor, dict[str, Any]]:
+        m_prev, inner_buf = (None, None) if buf is None else (buf["momentum"], buf["inner"])
+        u = direction if self.weight_decay == 0 else direction + self.weight_decay * params
+        if self.momentum == 0:
+            m = u
+        else:
+            m = self.momentum * (torch.zeros_like(u) if m_prev is None else m_prev) + (1 - self.momentum) * u
+        params, inner_buf = self.inner.step(params, m, inner_buf)
+        return params, {"momentum": m if self.momentum else None, "inner": inner_buf}
+
+    def buffer_problem(self, buf: object, dim: int) -> str | None:
+        """Why ``buf`` (e.g. from a checkpoint) cannot be this step's state, else None."""
+        from fedsafe.engine.server_optimizer import _vector_problem
+
+        if buf is None:
+            return None
+        if not isinstance(buf, dict) or set(buf) != {"momentum", "inner"}:
+            return "not zeroth-order FedSGD's state {momentum, inner} (clients.momentum / weight_decay)"
+        m = buf["momentum"]
+        if (m is None) != (self.momentum == 0):
+            return f"client momentum {'missing' if m is None else 'present'}, but clients.momentum = {self.momentum}"
+        problem = None if m is None else _vector_problem(m, dim)
+        if problem is not None:
+            return f"client momentum: {problem}"
+        return self.inner.buffer_problem(buf["inner"], dim)

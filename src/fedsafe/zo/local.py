@@ -14,7 +14,8 @@ their errors). One local step, at the client's current w on its step-s batch:
     ĝ = reconstruct(loss_differences(w)) ;  ĝ ← clip_inf(ĝ) if clip ;  ĝ ← ĝ + λw
     w ← w − η ĝ
 
-(plain SGD locally; BAFFLE's Adam, clip and EMA act on the server).
+(plain SGD locally; the engine passes ``zo.clip_inf`` as ``clip``, so BAFFLE's clip bounds every
+local step, as their guideline bounds every estimate; their Adam and EMA act on the server).
 """
 
 from __future__ import annotations

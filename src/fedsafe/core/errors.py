@@ -1,0 +1,36 @@
+"""Errors a user can act on, each carrying one line per problem.
+
+The command line prints ``error: <line>`` for each problem and exits with status 2, never a
+traceback. Every line names where the problem is (a config key, a file, a command-line
+option) and, where it can, what would be valid.
+"""
+
+from __future__ import annotations
+
+
+class FedsafeError(Exception):
+    """A problem the user can fix; ``problems`` holds one line per problem."""
+
+    def __init__(self, problems: list[str] | str) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+class ConfigError(FedsafeError, ValueError):
+    """A config that cannot run (found before any output is written)."""
+
+
+class RunDirError(FedsafeError, OSError):
+    """The output folder cannot be used: not a fedsafe run, not writable, disk full."""
+
+
+class CheckpointError(FedsafeError, ValueError):
+    """A checkpoint that cannot be resumed from: unreadable, tampered with, or another run's."""
+
+
+class RequirementError(ValueError):
+    """A robust rule's requirement on (n, f) does not hold for this round's participants.
+
+    Under Poisson sampling the number of participants varies, so such a round is skipped (and
+    recorded) rather than aborting the run; any other error is a bug and propagates.
+    """

@@ -1,0 +1,122 @@
+"""Tampered checkpoints: every case is refused by ``fedsafe run --resume`` with one line naming
+the problem (exit 2), never a traceback, never a silently accepted state."""
+
+import pickle
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from fedsafe.cli import app
+
+runner = CliRunner()
+
+CONFIG = """
+name = "ck"
+rounds = 4
+eval_every = 2
+checkpoint_every = 2
+[data]
+name = "digits"
+[model]
+name = "logreg"
+[clients]
+num_clients = 5
+momentum = 0.9
+[server]
+momentum = 0.5
+"""
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ck")
+    cfg = root / "c.toml"
+    cfg.write_text(CONFIG)
+    out = root / "run"
+    r = runner.invoke(app, ["run", str(cfg), "--out", str(out), "--set", "rounds=2", "-q"])
+    assert r.exit_code == 0, r.output
+    # Continue to 4 rounds from this checkpoint: extend the resolved config.
+    text = (out / "config.toml").read_text().replace("rounds = 2", "rounds = 4")
+    (out / "config.toml").write_text(text)
+    (out / "summary.json").unlink()
+    return out
+
+
+class _Evil:
+    def __reduce__(self):
+        return (print, ("pwned",))
+
+
+def _blob(out):
+    return torch.load(out / "checkpoint.pt", weights_only=True)
+
+
+def _edit(**changes):
+    def f(b):
+        b.update(changes)
+        return b
+
+    return f
+
+
+def _nested(key, value):
+    def f(b):
+        b[key] = value(b[key])
+        return b
+
+    return f
+
+
+CASES = {
+    "empty file": b"",
+    "random bytes": bytes(range(256)) * 4,
+    "a pickle running code": pickle.dumps(_Evil()),
+    "not a dict": lambda b: [1, 2, 3],
+    "unknown format": _edit(format=99),
+    "missing params": lambda b: {k: v for k, v in b.items() if k != "params"},
+    "negative round": _edit(round=-1),
+    "round beyond the run": _edit(round=10000),
+    "round as float": _edit(round=2.0),
+    "NaN parameters": _nested("params", lambda p: torch.full_like(p, float("nan"))),
+    "infinite parameters": _nested("params", lambda p: p.clone().index_fill_(0, torch.tensor([0]), float("inf"))),
+    "wrong parameter count": _nested("params", lambda p: p[:-1].clone()),
+    "integer parameters": _nested("params", lambda p: p.long()),
+    "2-D parameters": _nested("params", lambda p: p.reshape(1, -1).clone()),
+    "momentum of another population": _nested("momentum", lambda m: m[:-1].clone()),
+    "momentum missing": _edit(momentum=None),
+    "server buffer wrong size": _nested("server_buf", lambda s: s[:3].clone()),
+    "server buffer NaN": _nested("server_buf", lambda s: torch.full_like(s, float("nan"))),
+    "extra not a table": _edit(extra=[1]),
+    "attack state not a table": _edit(attack_state="x"),
+    "previous aggregate a matrix": _edit(previous=torch.zeros(2, 2)),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_tampered_checkpoint_is_one_clear_error(finished, tmp_path, case):
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    change = CASES[case]
+    path = out / "checkpoint.pt"
+    if isinstance(change, bytes):
+        path.write_bytes(change)
+    else:
+        torch.save(change(_blob(out)), path)
+    r = runner.invoke(app, ["run", "--resume", str(out), "-q"])
+    assert r.exit_code == 2, (case, r.output)
+    errors = [line for line in r.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "checkpoint" in errors[0], (case, r.output)
+    assert "Traceback" not in r.output and "pwned" not in r.output
+    assert not (out / "summary.json").exists()
+
+
+def test_untampered_checkpoint_resumes(finished, tmp_path):
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    r = runner.invoke(app, ["run", "--resume", str(out), "-q"])
+    assert r.exit_code == 0, r.output
