@@ -27,15 +27,17 @@ Noise placements (who adds ξ; the accounting is in ``fedsafe.privacy.accounting
   knows when a client took part, so there is no amplification by sampling: ε composes over the
   rounds the client participated in (``accounting.epsilon_local``). The sum carries n·(zC)²,
   n times the noise central DP needs for the same ε against outsiders.
-- ``distributed``: each of the clients adds ξ_i ~ N(0, (zC)²/n_expected), meant to be summed
-  under secure aggregation, so the server sees only Σ x̄_i + Σ ξ_i, whose noise is (zC)² when
-  n_expected shares arrive; accounted as central. If only n < n_expected shares reach the sum
-  (dropouts, a small Poisson sample), the noise variance is (n/n_expected)(zC)² — an effective
-  multiplier z·√(n/n_expected) < z (:func:`distributed_noise_multiplier`). Choice made here:
-  the share is sized by the caller's ``n_expected``, not the realised count (a client cannot
-  know who else survives). To keep the guarantee unconditionally, pass the minimum number of
-  contributions the protocol accepts (the secure-aggregation threshold; abort the round below
-  it) — the sum then carries at least (zC)², at the cost of extra noise when more survive.
+- ``distributed``: each client adds a share ξ_i ~ N(0, (zC)²/n_s), meant to be summed under
+  secure aggregation, so the server sees only Σ x̄_i + Σ ξ_i, whose noise is (zC)² when n_s
+  shares arrive. n_s is the caller's ``n_expected`` (the engine: the expected number of clients
+  m, rounded), not the realised count (a client cannot know who else survives). When n honest
+  shares are in the sum — fewer under Poisson sampling or dropouts, more in a large sample;
+  Byzantine messages and canaries carry none — the noise variance is (n/n_s)(zC)², an
+  effective multiplier z·√(n/n_s) (:func:`distributed_noise_multiplier`). The engine accounts
+  every round with that multiplier (``DPPlan.round_multiplier``, ``Aggregate.included``), so
+  the reported ε holds for the noise actually present. To keep a floor on the noise instead,
+  pass the minimum number of contributions the protocol accepts (the secure-aggregation
+  threshold) as ``n_expected``: the sum then carries at least (zC)².
 
 Adaptive clipping (Andrew, Thakkar, McMahan, Ramaswamy 2021, "Differentially private learning
 with adaptive clipping", Algorithm 1 and Theorem 1). Each client also reports
@@ -55,6 +57,8 @@ the pair is one Gaussian mechanism on the concatenated vector with multiplier z,
 (:func:`adaptive_clip_split`), possible only when 2σ_b > z. So a run configured with total
 noise multiplier z is accounted exactly as non-adaptive DP-FedAvg with z, and adds
 N(0, (z_Δ C_t)²) to the update sum. The paper's default σ_b = m/20 (:func:`default_count_stddev`).
+Under ``distributed`` placement the clients add both noises as shares (the count's too, so the
+server never sees the exact count), and both scale by √(n/n_s) with the honest shares present.
 
 All randomness comes from the ``torch.Generator`` passed in; inputs are never modified; noise is
 drawn on the CPU (where generators live) and moved to the data's device.
@@ -181,8 +185,7 @@ def client_noise(
 def distributed_noise_multiplier(z: float, n_contributing: int, n_expected: int) -> float:
     """The noise multiplier the *sum* actually carries under ``distributed`` placement when
     ``n_contributing`` of the shares sized for ``n_expected`` arrive: ``z·√(n_contributing /
-    n_expected)`` (variance (n/n_expected)(zC)²). Below ``z`` the round is less private than
-    accounted; report it, and abort (or re-account) such rounds."""
+    n_expected)`` (variance (n/n_expected)(zC)²). The engine accounts each round with it."""
     z = _finite_nonneg("z", z)
     if n_expected < 1 or n_contributing < 0:
         raise ValueError(f"need n_expected >= 1 and n_contributing >= 0, got {n_expected}, {n_contributing}")

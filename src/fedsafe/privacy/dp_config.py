@@ -21,7 +21,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fedsafe.privacy import accounting
-from fedsafe.privacy.dp import adaptive_clip_split, default_count_stddev
+from fedsafe.privacy.dp import adaptive_clip_split, default_count_stddev, distributed_noise_multiplier
 
 DEFAULT_NOISE_MULTIPLIER = 1.0
 
@@ -50,11 +50,48 @@ class DPPlan:
     def new_accountant(self) -> accounting.Accountant:
         return accounting.Accountant(self.delta, self.accountant, self.neighboring)
 
-    def compose_round(self, acc: accounting.Accountant, count: int = 1) -> None:
-        """Compose ``count`` rounds of this plan into ``acc``. For ``local`` placement ε is the
-        local-DP ε of a client that took part in every one of these rounds (worst case)."""
+    @property
+    def noise_shares(self) -> int:
+        """n_s: how many ``distributed`` noise shares make the full noise: the expected number of
+        clients m rounded to an integer (at least 1). Each share is N(0, (z_Δ C)²/n_s)."""
+        return max(1, int(round(self.expected_clients)))
+
+    def round_multiplier(self, honest_shares: int) -> float:
+        """The noise multiplier z_t a round is accounted with.
+
+        ``central`` and ``local``: z (the server, or each client, adds the full noise). For
+        ``local``, ε is then the local-DP ε of a client taking part in every round (worst case).
+
+        ``distributed``: only the noise shares of honest clients that are inside the released sum
+        count — a Byzantine client's message carries no trusted noise, a canary carries none, a
+        client that dropped out before its masked input reached the sum adds nothing. With
+        n_t = ``honest_shares`` such shares the sum carries (n_t/n_s)(z_Δ C)², and with adaptive
+        clipping the count (whose noise the clients add as shares too) (n_t/n_s)σ_b², so
+
+            z_t = (z_Δ,t⁻² + (2σ_b,t)⁻²)^(−1/2) = z·√(n_t/n_s),
+            z_Δ,t = z_Δ·√(n_t/n_s),   σ_b,t = σ_b·√(n_t/n_s)
+
+        (the split of ``dp.adaptive_clip_split`` scales with both parts). Choice, as in the
+        distributed-DP literature (e.g. Kairouz, Liu, Steinke 2021, which accounts the noise of
+        the shares actually summed): the accounted Gaussian counts the honest shares present
+        *including the target client's own share*. A client not in the sum would have added a
+        share had it been, so the worst case over clients is n_t, or 1 when no honest share is in
+        the sum (an empty sample, a skipped round): n_t is taken as max(n_t, 1). Below n_s the
+        multiplier is rounded down to the grid of ``accounting.grid_floor`` (less noise than
+        present: still an upper bound on ε) so a run has few distinct rounds to compose.
+        """
+        if self.placement != "distributed":
+            return self.z
+        n = max(1, int(honest_shares))
+        if n == self.noise_shares:
+            return self.z
+        return accounting.grid_floor(distributed_noise_multiplier(self.z, n, self.noise_shares))
+
+    def compose_round(self, acc: accounting.Accountant, z: float | None = None, count: int = 1) -> None:
+        """Compose ``count`` rounds of this plan into ``acc``, with noise multiplier ``z``
+        (default the plan's z; the engine passes :meth:`round_multiplier`'s)."""
         acc.compose_round(
-            self.z,
+            self.z if z is None else z,
             self.q,
             self.sampling,
             num_clients=self.num_clients,

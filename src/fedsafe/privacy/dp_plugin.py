@@ -1,21 +1,31 @@
 """Client-level DP-FedAvg in the round (McMahan et al. 2018; Andrew et al. 2021), as a plugin.
 
-Placement of each step (DESIGN.md's named placements):
+Placement of each step (the engine's named placements, ``fedsafe.engine.plugins``):
 
 - client side (``transform_honest``): flat L2 clipping to C; ``local`` adds N(0, (zC)²) per
-  client; ``distributed`` adds N(0, (zC)²/n) per client (meant for secure aggregation); with
-  adaptive clipping the client appends its bit 1[‖x‖ ≤ C] as one extra message coordinate, so it
-  is summed (securely, under secagg) with the update.
+  client; ``distributed`` adds a share N(0, (z_Δ C)²/n_s) per client (n_s = the expected
+  number of clients, rounded; meant for secure aggregation); with adaptive clipping the client
+  appends its bit 1[‖x‖ ≤ C] as one extra message coordinate, so it is summed (securely, under
+  secagg) with the update — under ``distributed`` with its own share N(0, σ_b²/n_s) of the
+  count noise, so the server never sees the exact count either.
 - server side, before aggregation (``transform_messages``, only where the server sees
   individual messages): every received message is clipped again, since a Byzantine client
   cannot be trusted to clip.
 - server side, after aggregation (``transform_aggregate``): the protocol's mean times the count
-  it averaged is the clipped sum; ``central`` adds N(0, (z_Δ C)²); the sum is divided by the
-  EXPECTED number of clients m (q·N, the sample size, or N), so the sensitivity is C/m whatever
-  the realised sample. Adaptive clipping then updates C geometrically towards the target
-  quantile from the noised bit count.
-- observer (``on_round_end``): every round is composed into the accountant (an empty Poisson
-  sample still releases noise and is accounted); ε at δ goes into every metrics row.
+  it averaged is the clipped sum; ``central`` adds N(0, (z_Δ C)²) (and σ_b on the count); the
+  sum is divided by the EXPECTED number of clients m (q·N, the sample size, or N), so the
+  sensitivity is C/m whatever the realised sample. Adaptive clipping then updates C
+  geometrically towards the target quantile from the noised bit count.
+- observer (``on_round_end``): every round is composed into the accountant with its own noise
+  multiplier (``DPPlan.round_multiplier``: under ``distributed``, from the honest shares inside
+  the released sum, which the protocol reports as ``Aggregate.included``); ε at δ goes into the
+  metrics row — every round with RDP (milliseconds), on evaluation rounds and the last round
+  with PLD (its cost grows with the run; the rows in between carry no ``epsilon``).
+
+An empty Poisson sample still releases noise, so emptiness reveals nothing: ``central`` the
+full noise; ``distributed``, where no client share exists, the server adds one share's noise
+(value and count) — exactly what the round would carry had one honest client, the target,
+taken part, which is how the round is accounted (``round_multiplier`` with n_t = 1).
 """
 
 from __future__ import annotations
@@ -46,23 +56,31 @@ class DPPlugin(Plugin):
         self.clip = plan.clip
         self.accountant = plan.new_accountant()
         self._last: dict[str, float] = {}
+        self._honest: frozenset[int] = frozenset()  # this round's honest clients that added noise
+        self._shares = 0  # honest noise shares inside this round's released sum (distributed)
 
     def message_dim(self, dim: int) -> int:
         return dim + 1 if self.plan.adaptive else dim
 
     def transform_honest(self, updates: Tensor, ctx: RoundContext, ids: np.ndarray) -> Tensor:
         p = self.plan
+        self._honest = frozenset(int(i) for i in ids)
         clipped, norms = clip_updates(updates, self.clip)
         self._last["clipped_fraction"] = float((norms > self.clip).float().mean())
+        gen = torch_stream(self.seed, "dp.client_noise", ctx.round)
         if p.placement != "central":
             clipped = clipped + client_noise(
                 len(ids), updates.shape[1], clip=self.clip, z=p.value_z, placement=p.placement,
-                n_expected=max(1, int(round(p.expected_clients))) if p.placement == "distributed" else None,
-                generator=torch_stream(self.seed, "dp.client_noise", ctx.round), dtype=updates.dtype,
+                n_expected=p.noise_shares if p.placement == "distributed" else None,
+                generator=gen, dtype=updates.dtype,
             )
         if p.adaptive:
-            bits = (norms <= self.clip).to(updates.dtype).unsqueeze(1)
-            clipped = torch.cat([clipped, bits], dim=1)
+            bits = (norms <= self.clip).to(updates.dtype)
+            if p.placement == "distributed":
+                # each client's share of the count noise: Σ over n_s shares is N(0, σ_b²)
+                std = p.count_stddev / math.sqrt(p.noise_shares)
+                bits = bits + (torch.randn(len(ids), generator=gen, dtype=updates.dtype) * std).to(bits.device)
+            clipped = torch.cat([clipped, bits.unsqueeze(1)], dim=1)
         return clipped
 
     def transform_messages(self, messages: list[Message], ctx: RoundContext) -> list[Message]:
@@ -82,21 +100,37 @@ class DPPlugin(Plugin):
             out.append(Message(m.client_id, clipped[0], m.weight))
         return out
 
+    def _honest_shares(self, agg: Aggregate | None) -> int:
+        """Honest clients whose noise share is inside the aggregate. A protocol that does not
+        say which vectors it aggregated (``included`` None) gets no credit: 0."""
+        if agg is None or agg.included is None:
+            return 0
+        return len(self._honest.intersection(int(i) for i in agg.included))
+
     def transform_aggregate(self, vector: Tensor, ctx: RoundContext, agg: Aggregate | None) -> Tensor:
         p = self.plan
         count = 0 if agg is None else agg.count
         total = vector * count
         if p.adaptive:
             total, bit_sum = total[:-1], float(total[-1])
-        if p.placement == "distributed" and count:
-            # Shares were sized for m clients: fewer survivors leave less noise than accounted.
-            self._last["effective_noise_multiplier"] = p.value_z * math.sqrt(min(1.0, count / p.expected_clients))
         gen = torch_stream(self.seed, "dp.server_noise", ctx.round)
+        stand_in = p.placement == "distributed" and agg is None
+        if p.placement == "distributed":
+            self._shares = self._honest_shares(agg)
+            if stand_in:  # nobody sampled: the server adds the one share a lone client would have
+                total = total + client_noise(
+                    1, total.shape[0], clip=self.clip, z=p.value_z, placement="distributed",
+                    n_expected=p.noise_shares, generator=gen, dtype=total.dtype,
+                )[0]
         noised = total + server_noise(total.shape[0], clip=self.clip, z=p.value_z, placement=p.placement, generator=gen, dtype=total.dtype)
         out = noised / p.expected_clients
         if p.adaptive:
-            # b̃ = (Σ(b_i − ½) + N(0, σ_b²)) / m + ½  (Andrew et al. 2021, centred count)
-            noise_b = float(torch.randn(1, generator=gen, dtype=torch.float64)) * p.count_stddev
+            # b̃ = (Σ(b_i − ½) + N(0, σ_b²)) / m + ½  (Andrew et al. 2021, centred count); under
+            # distributed placement the clients' shares of N(0, σ_b²) are already in bit_sum.
+            noise_b = 0.0
+            if p.placement == "central" or stand_in:
+                std_b = p.count_stddev if p.placement == "central" else p.count_stddev / math.sqrt(p.noise_shares)
+                noise_b = float(torch.randn(1, generator=gen, dtype=torch.float64)) * std_b
             frac = (bit_sum - count / 2 + noise_b) / p.expected_clients + 0.5
             self._last["noised_unclipped_fraction"] = frac
             self.clip = update_clip(self.clip, frac, target_quantile=p.target_quantile, clip_lr=p.clip_lr)
@@ -108,17 +142,22 @@ class DPPlugin(Plugin):
         return self.transform_aggregate(zero, ctx, None)
 
     def on_round_end(self, fed: Federation, row: dict[str, Any]) -> dict[str, Any]:
-        self.plan.compose_round(self.accountant)
-        with np.errstate(over="ignore", divide="ignore"):  # dp-accounting's PLD at huge ε
-            eps = self.accountant.epsilon()
+        p = self.plan
+        z_t = p.round_multiplier(self._shares)
+        p.compose_round(self.accountant, z_t)
         out: dict[str, Any] = {
-            "epsilon": eps,
-            "delta": self.plan.delta,
+            "delta": p.delta,
             "clip": self.clip,
-            "noise_multiplier": self.plan.z,
+            "noise_multiplier": p.z,
+            "effective_noise_multiplier": z_t,
         }
+        if p.placement == "distributed":
+            out["dp_noise_shares"] = self._shares
+        t, cfg = row["round"], fed.cfg
+        if p.accountant == "rdp" or t % cfg.eval_every == 0 or t >= cfg.rounds:
+            out["epsilon"] = self.accountant.epsilon()
         out.update(self._last)
-        self._last = {}
+        self._last, self._honest, self._shares = {}, frozenset(), 0
         return out
 
     def summary(self, fed: Federation) -> dict[str, Any]:
