@@ -27,6 +27,11 @@ from fedsafe.robust.pipeline import RobustPipeline
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 
+def upload(s: TEESession, client: TEEClient, vector: torch.Tensor, round_: int) -> bytes:
+    """The client's upload after a fresh challenge: the enclave quotes over the client's nonce."""
+    return client.encrypt(vector, round_, quote=s.attest([client.challenge()])[0])
+
+
 def flip(data: bytes, at: int) -> bytes:
     b = bytearray(data)
     b[at] ^= 0x01
@@ -66,10 +71,10 @@ def test_measurement_is_a_hash_of_the_enclave_code(tmp_path, monkeypatch):
 def test_client_sends_nothing_to_an_enclave_with_unexpected_code():
     with TEESession({"clip": 1.0}, processes=False) as s:
         good = TEEClient(7, verification_key=s.verification_key)
-        assert good.encrypt(torch.ones(3), 1, quote=s.quote, nonce=s.nonce)
+        assert upload(s, good, torch.ones(3), 1)
         bad = TEEClient(7, verification_key=s.verification_key, measurement=b"\x01" * 32)
         with pytest.raises(AttestationError, match="measurement"):
-            bad.encrypt(torch.ones(3), 1, quote=s.quote, nonce=s.nonce)
+            upload(s, bad, torch.ones(3), 1)
 
 
 # --- channels --------------------------------------------------------------------------------
@@ -91,8 +96,7 @@ def test_enclave_rejects_tampered_and_relabelled_uploads_and_aggregates_the_rest
     g = torch.randn(8, 50)
     pipe = RobustPipeline("multi_krum", {}, [], 1, 0)
     with TEESession({"clip": 100.0}, processes=False) as s:
-        ups = {f"c{k}": TEEClient(k, verification_key=s.verification_key).encrypt(g[k], 1, quote=s.quote, nonce=s.nonce)
-               for k in range(8)}
+        ups = {f"c{k}": upload(s, TEEClient(k, verification_key=s.verification_key), g[k], 1) for k in range(8)}
         ups["c2"] = flip(ups["c2"], len(ups["c2"]) - 5)  # tampered ciphertext
         ups["c4"] = ups["c5"]  # client 5's upload presented as client 4's
         head, _, _ = s.call(s.enclave, {"op": "encode", "round": 1, "dim": 50, "clients": list(range(8))}, blobs=ups)
@@ -119,7 +123,7 @@ def test_channel_rejects_tampering_replay_and_wrong_kind():
 
 
 def round_parts(s, g, round_):
-    ups = {f"c{k}": TEEClient(k, verification_key=s.verification_key).encrypt(g[k], round_, quote=s.quote, nonce=s.nonce)
+    ups = {f"c{k}": upload(s, TEEClient(k, verification_key=s.verification_key), g[k], round_)
            for k in range(g.shape[0])}
     _, _, to = s.call(s.enclave, {"op": "encode", "round": round_, "dim": g.shape[1],
                                   "clients": list(range(g.shape[0]))}, blobs=ups)

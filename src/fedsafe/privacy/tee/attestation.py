@@ -19,6 +19,12 @@ What this module does instead:
 * :func:`verify_quote` is what a client runs before sending anything: signature, measurement,
   nonce, and it returns the enclave public key the quote binds.
 
+Freshness: the nonce is the *verifier's*. Every client draws its own ``NONCE_BYTES`` random
+bytes (``TEEClient.challenge``) for every quote it will accept; the host only relays it to the
+enclave, which quotes over it, and the client refuses a quote over any other nonce. A quote the
+host kept from an earlier round, or one made for another client, therefore never verifies: the
+host cannot predict a nonce that did not exist when that quote was signed (2⁻²⁵⁶ per guess).
+
 So the protocol logic (clients refuse an enclave whose code or signature is wrong; nothing is
 sent before verification; sealed data is bound to the measurement) is real and tested, but the
 roots of trust are not: a malicious host that created the platform could forge quotes and
@@ -28,6 +34,7 @@ unseal. Treat attestation results here as protocol simulation only.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import importlib.util
 import os
 from dataclasses import dataclass
@@ -57,6 +64,10 @@ ENCLAVE_MODULES: tuple[str, ...] = (
 )
 
 _QUOTE_DOMAIN = b"fedsafe/tee/quote/v1"
+# Bytes of a verifier's nonce: drawn by the client, never by the host or the enclave.
+NONCE_BYTES = 32
+# The shortest nonce a quote may be verified against (128 bits).
+MIN_NONCE_BYTES = 16
 
 
 class AttestationError(ValueError):
@@ -154,7 +165,12 @@ def verify_quote(
     nonce: bytes,
 ) -> bytes:
     """Check a quote as a client must before sending its update; returns the enclave's X25519
-    public key. Raises AttestationError naming the failed check."""
+    public key. ``nonce`` is the one the verifier itself drew for this quote (at least
+    ``MIN_NONCE_BYTES``). Raises AttestationError naming the failed check."""
+    if len(nonce) < MIN_NONCE_BYTES:
+        raise AttestationError(
+            f"verifier nonce of {len(nonce)} bytes: need at least {MIN_NONCE_BYTES} fresh random bytes"
+        )
     q = quote if isinstance(quote, Quote) else Quote.from_bytes(quote)
     try:
         Ed25519PublicKey.from_public_bytes(bytes(verification_key)).verify(q.signature, q.body())
@@ -165,6 +181,6 @@ def verify_quote(
             f"enclave measurement {q.measurement.hex()[:16]}… differs from the expected "
             f"{bytes(expected_measurement).hex()[:16]}… (the enclave runs other code)"
         )
-    if q.nonce != nonce:
+    if not hmac.compare_digest(q.nonce, bytes(nonce)):
         raise AttestationError("quote nonce differs from the verifier's: a replayed quote")
     return q.enclave_public

@@ -4,7 +4,8 @@ aggregates.
 All traffic is request/reply frames (``wire``) through :meth:`Enclave.handle`, whether the
 enclave runs in its own OS process (``host.ProcessEndpoint``) or in-process for tests. Ops:
 
-``attest``     quote over (measurement, the enclave's client key, the verifier's nonce)
+``attest``     one quote per nonce in ``nonces`` (the clients' own, relayed by the host), each over
+               (measurement, the enclave's client key, that nonce)
 ``connect``    X25519 agreement with accelerator ``i`` (one key pair per channel)
 ``precompute`` draw noise blocks for rounds ahead (sealed on disk when ``sealed_dir`` is set)
 ``encode``     decrypt the round's client ciphertexts; drop rejected (failed authentication)
@@ -28,7 +29,7 @@ import torch
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from fedsafe.privacy.tee import rules
-from fedsafe.privacy.tee.attestation import SimulatedPlatform, measure
+from fedsafe.privacy.tee.attestation import MIN_NONCE_BYTES, SimulatedPlatform, measure
 from fedsafe.privacy.tee.channel import ChannelEnd, IntegrityError, client_binding, digest, open_sealed, public_bytes
 from fedsafe.privacy.tee.leakage import mi_bound_bits, noise_constant, noise_ratio_for_bits
 from fedsafe.privacy.tee.noise import NoisePool
@@ -83,11 +84,7 @@ class Enclave:
             head, _, blobs = unpack(request)
             op = head.get("op")
             if op == "attest":
-                quote = self._platform.quote(
-                    measurement=self.measurement, enclave_public=public_bytes(self._key),
-                    nonce=bytes.fromhex(head["nonce"]),
-                )
-                return pack({}, blobs={"quote": quote.to_bytes()})
+                return self._attest([bytes.fromhex(n) for n in head["nonces"]])
             if op == "connect":
                 i = int(head["accelerator"])
                 if i not in (1, 2):
@@ -111,6 +108,17 @@ class Enclave:
             return error_frame(e)
 
     # --- ops ----------------------------------------------------------------------------
+
+    def _attest(self, nonces: list[bytes]) -> bytes:
+        """Quotes over the verifiers' nonces, in order (blobs ``q0``, ``q1``, …). The enclave
+        only signs what it is given: freshness is the verifier's, who drew the nonce."""
+        public = public_bytes(self._key)
+        for k, nonce in enumerate(nonces):
+            if not MIN_NONCE_BYTES <= len(nonce) <= 64:
+                raise ValueError(f"attest: nonces[{k}] has {len(nonce)} bytes, expected {MIN_NONCE_BYTES} to 64")
+        quotes = [self._platform.quote(measurement=self.measurement, enclave_public=public, nonce=nonce)
+                  for nonce in nonces]
+        return pack({}, blobs={f"q{k}": q.to_bytes() for k, q in enumerate(quotes)})
 
     def _precompute(self, n: int, d: int, count: int) -> bytes:
         t0 = time.perf_counter()

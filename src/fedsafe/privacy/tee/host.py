@@ -274,7 +274,8 @@ class TEESession:
     """An enclave and two accelerators, wired and attested.
 
     ``settings`` go to the enclave (see ``Enclave``). The host keeps only the platform's
-    verification key (what clients pin); ``quote``/``nonce`` are this session's attestation.
+    verification key (what clients pin). It chooses no attestation nonce: :meth:`attest` relays
+    the clients' own nonces to the enclave and their quotes back.
     """
 
     def __init__(
@@ -326,11 +327,15 @@ class TEESession:
                 self.devices.append(head["device"])
                 mine = self.call(self.enclave, {"op": "connect", "accelerator": i, "public": head["public"]})[0]
                 self.call(acc, {"op": "connect", "enclave_public": mine["public"]})
-            self.nonce = os.urandom(16)
-            self.quote = bytes(self.call(self.enclave, {"op": "attest", "nonce": self.nonce.hex()})[2]["quote"])
         except BaseException:
             self._finalizer()  # no half-started session outlives a failed start
             raise
+
+    def attest(self, nonces: list[bytes]) -> list[bytes]:
+        """The enclave's quotes over the clients' ``nonces``, one each, in order: one round
+        trip for all clients."""
+        blobs = self.call(self.enclave, {"op": "attest", "nonces": [bytes(n).hex() for n in nonces]})[2]
+        return [bytes(blobs[f"q{k}"]) for k in range(len(nonces))]
 
     def call(self, ep, header: dict[str, Any], *, arrays=None, blobs=None):
         return checked(ep.call(pack_parts(header, arrays, blobs), self.timeout))

@@ -27,8 +27,24 @@ across rounds would leak ``Y_t − Y_t' = g_t − g_t'``.
 
 **Sealing** (``sealed_dir``): the paper stores pre-generated noise outside the enclave,
 encrypted. Files are ``noise-<pool>-<seq>.sealed``: a cleartext JSON header (shape, C, q) that
-is authenticated as associated data, then AES-256-GCM of the arrays under the enclave's sealing
-key (see ``attestation``: simulated, bound to the measurement).
+is authenticated as associated data, then AES-256-GCM of the arrays under a key derived from the
+enclave's sealing key (see ``attestation``: simulated, bound to the measurement). Format
+(version 2; frame head ``{"sealed_noise": 2, "chunks": k}``, blobs ``aad``, ``salt``,
+``c0 … c{k−1}``):
+
+* ``salt``: 32 fresh bytes from ``os.urandom`` per file; the file's key is
+  ``K_f = HKDF-SHA256(ikm = sealing key, salt, info = "fedsafe/tee/sealed-noise/v2")``;
+* the arrays are cut into ``k`` chunks of at most 1 GiB; chunk ``i`` is AES-256-GCM under
+  ``K_f`` with the 96-bit nonce ``0x00000000 ‖ uint64_be(i)`` and associated data
+  ``aad ‖ uint32_le(i) ‖ uint32_le(k)`` (so chunks can be neither reordered nor dropped).
+
+Why a key per file and a counter nonce, not random nonces under the one sealing key: GCM loses
+both confidentiality and integrity if a (key, nonce) pair ever repeats. Within a file the
+counter never repeats; two files share a key only if they drew the same 256-bit salt (or HKDF
+collides), probability ≤ q²/2²⁵⁷ after q files. The previous format drew a 32-bit random prefix
+per file under the sealing key itself: a repeat was likely (≈ q²/2³³) after some 10⁵ files. A
+fully random 96-bit nonce per chunk would be ≤ Q²/2⁹⁷ for Q chunks but still caps the key at
+2³² messages (NIST SP 800-38D); here each derived key seals one file, ``k`` messages.
 """
 
 from __future__ import annotations
@@ -42,8 +58,10 @@ from pathlib import Path
 import numpy as np
 import torch
 from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from torch import Tensor
 
 from fedsafe.privacy.tee.channel import IntegrityError
@@ -152,15 +170,29 @@ def make_block(seq: int, n: int, d: int, c: float, clip: float, arithmetic: str)
 
 
 _SEAL_CHUNK = 1 << 30  # bytes per GCM call (GCM takes < 2^31 bytes per call)
+_SEAL_VERSION = 2
+_SEAL_SALT = 32  # bytes of fresh salt per sealed file
+_SEAL_INFO = b"fedsafe/tee/sealed-noise/v2"
 
 
 def _seal_aad(aad: bytes, index: int, count: int) -> bytes:
     return aad + struct.pack("<II", index, count)
 
 
+def _file_key(key: bytes, salt: bytes) -> bytes:
+    """The sealed file's own AES-256 key: HKDF-SHA256 of the sealing key under its salt."""
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=salt, info=_SEAL_INFO).derive(key)
+
+
+def _chunk_nonce(index: int) -> bytes:
+    """96-bit GCM nonce of chunk ``index``: 4 zero bytes, then the index as a big-endian uint64."""
+    return bytes(4) + struct.pack(">Q", index)
+
+
 def seal_block(block: NoiseBlock, key: bytes, pool_id: str) -> bytes:
-    """Sealed bytes of ``block``: cleartext header (authenticated) + AES-GCM of its arrays, in
-    chunks of at most 1 GiB, each bound to its index and the chunk count."""
+    """Sealed bytes of ``block`` in the format of the module doc: cleartext header
+    (authenticated), a fresh salt, and AES-GCM of its arrays in chunks of at most 1 GiB under
+    the file's derived key, each bound to its index and the chunk count."""
     arrays = {"r": block.r.numpy()}
     if block.k_hi is not None:
         arrays["k_hi"], arrays["k_lo"] = block.k_hi.numpy(), block.k_lo.numpy()
@@ -168,12 +200,12 @@ def seal_block(block: NoiseBlock, key: bytes, pool_id: str) -> bytes:
             "clip": block.clip, "arithmetic": block.arithmetic, "q": block.q}
     aad = pack(meta)
     plain = memoryview(pack({}, arrays))
-    base = os.urandom(4)
+    salt = os.urandom(_SEAL_SALT)
     count = max(1, -(-plain.nbytes // _SEAL_CHUNK))
-    aead = AESGCM(key)
-    chunks = {f"c{i}": aead.encrypt(base + struct.pack("<Q", i), plain[i * _SEAL_CHUNK : (i + 1) * _SEAL_CHUNK],
+    aead = AESGCM(_file_key(key, salt))
+    chunks = {f"c{i}": aead.encrypt(_chunk_nonce(i), plain[i * _SEAL_CHUNK : (i + 1) * _SEAL_CHUNK],
                                     _seal_aad(aad, i, count)) for i in range(count)}
-    return pack({"sealed_noise": 1, "chunks": count}, blobs={"aad": aad, "nonce": base, **chunks})
+    return pack({"sealed_noise": _SEAL_VERSION, "chunks": count}, blobs={"aad": aad, "salt": salt, **chunks})
 
 
 def unseal_block(data: bytes | memoryview, key: bytes, pool_id: str, seq: int) -> NoiseBlock:
@@ -181,7 +213,9 @@ def unseal_block(data: bytes | memoryview, key: bytes, pool_id: str, seq: int) -
     ``seq``, and nothing may have been changed (else IntegrityError)."""
     try:
         head, _, outer = unpack(data)
-        aad, base, count = outer["aad"], bytes(outer["nonce"]), int(head["chunks"])
+        if head.get("sealed_noise") != _SEAL_VERSION:
+            raise ValueError(f"format version {head.get('sealed_noise')!r}, expected {_SEAL_VERSION}")
+        aad, salt, count = outer["aad"], bytes(outer["salt"]), int(head["chunks"])
         chunks = [outer[f"c{i}"] for i in range(count)]
         meta, _, _ = unpack(aad)
     except (WireError, KeyError, TypeError, ValueError) as e:
@@ -191,14 +225,14 @@ def unseal_block(data: bytes | memoryview, key: bytes, pool_id: str, seq: int) -
             f"sealed noise block is ({meta.get('pool')}, {meta.get('seq')}), expected ({pool_id}, {seq}): "
             "replayed or swapped"
         )
-    if len(base) != 4 or any(c.nbytes < 16 for c in chunks):
+    if len(salt) != _SEAL_SALT or any(c.nbytes < 16 for c in chunks):
         raise IntegrityError(f"sealed noise block {seq} is truncated")
     inner = bytearray(sum(c.nbytes - 16 for c in chunks))  # decrypted in place: arrays are views
     mv, at = memoryview(inner), 0
-    aead = AESGCM(key)
+    aead = AESGCM(_file_key(key, salt))
     try:
         for i, c in enumerate(chunks):
-            nonce, chunk_aad, n = base + struct.pack("<Q", i), _seal_aad(bytes(aad), i, count), c.nbytes - 16
+            nonce, chunk_aad, n = _chunk_nonce(i), _seal_aad(bytes(aad), i, count), c.nbytes - 16
             if hasattr(aead, "decrypt_into"):
                 aead.decrypt_into(nonce, c, chunk_aad, mv[at : at + n])
             else:  # cryptography < 44

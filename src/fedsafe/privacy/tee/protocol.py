@@ -2,7 +2,8 @@
 
 A round (:meth:`TEEProtocol.aggregate`):
 
-1. every client verifies the enclave's quote and encrypts its update to the attested key;
+1. every client draws a fresh nonce, the enclave quotes over each (the host relays them), and
+   each client verifies the quote over its own nonce and encrypts its update to the attested key;
 2. the enclave decrypts, clips to ``clip``, draws fresh noise, and sends ``Y¹ = g + R`` to
    accelerator 1 and ``Y² = g − R`` to accelerator 2 over encrypted channels;
 3. the accelerators compute Gram matrices of what they received, in parallel;
@@ -40,7 +41,7 @@ from fedsafe.privacy.tee.wire import WireError, pack_parts
 
 # Aggregate.cost keys, all per round: seconds (…_seconds) and bytes (bytes_…).
 COST_KEYS = (
-    "client_encrypt_seconds",  # all clients: verify the quote + encrypt (sum over clients)
+    "client_encrypt_seconds",  # all clients: challenge, quote (enclave), verify the quote, encrypt
     "enclave_decrypt_seconds",  # enclave: authenticate and decrypt the uploads
     "enclave_encode_seconds",  # enclave: filter, clip, quantise, Y = g ± R, encrypt to accelerators
     "noise_seconds",  # enclave: this round's noise (unseal a precomputed block, or draw it online)
@@ -166,10 +167,10 @@ class TEEProtocol:
             t_round = time.perf_counter()
 
             t = time.perf_counter()
-            uploads = {}
-            for k, m in enumerate(messages):
-                client = TEEClient(m.client_id, verification_key=session.verification_key)
-                uploads[f"c{k}"] = client.encrypt(m.vector, ctx.round, quote=session.quote, nonce=session.nonce)
+            clients = [TEEClient(m.client_id, verification_key=session.verification_key) for m in messages]
+            quotes = session.attest([c.challenge() for c in clients])  # every client's own nonce
+            uploads = {f"c{k}": c.encrypt(m.vector, ctx.round, quote=q)
+                       for k, (c, m, q) in enumerate(zip(clients, messages, quotes))}
             client_seconds = time.perf_counter() - t
             bytes_up = float(sum(len(b) for b in uploads.values()))
 
