@@ -267,14 +267,20 @@ def signguard(x, f, coords: list[int] | None, lower=0.1, upper=3.0):
 # ---------------------------------------------------------------- pre-aggregators
 
 
-def nnm(x, f):
+def nnm_neighbours(x, f) -> list[list[int]]:
+    """For each i: i itself, then its n − f − 1 nearest others (squared distance, then index)."""
     x = _np(x)
     n = x.shape[0]
     out = []
     for i in range(n):
         others = sorted((j for j in range(n) if j != i), key=lambda j: (_sq(x[i], x[j]), j))
-        out.append(_mean_rows([x[j] for j in [i, *others[: n - f - 1]]]))
-    return np.array(out)
+        out.append([i, *others[: n - f - 1]])
+    return out
+
+
+def nnm(x, f):
+    x = _np(x)
+    return np.array([_mean_rows([x[j] for j in nearest]) for nearest in nnm_neighbours(x, f)])
 
 
 def bucketing_perm(generator: torch.Generator, n: int) -> list[int]:

@@ -6,6 +6,12 @@ an ``(n, n)`` matrix ``D`` with ``D_ij = ‖x_i − x_j‖²``, and the function
 alone. The TEE subsystem decodes ``D`` itself (the untrusted accelerator never sees updates) and
 calls the same selection functions, so plaintext and TEE runs select identically.
 
+Precision: ``D`` comes from a Gram expansion, whose rounding error is relative to the squared
+norms of the rows it multiplies. Rows sharing a large offset (model weights rather than
+gradients) are therefore first centred on one of them (``distance_centre``), so that float32
+distances are accurate relative to the rows' spread, not to their norms; the bound is stated
+in ``pairwise_sq_distances``.
+
 Ties: every selection orders by value with a *stable* sort, so equal scores or distances are
 broken by the lowest index. Exact ties only arise when distances are computed exactly (e.g.
 integer-valued updates); duplicated rows tie among themselves but give the same output
@@ -14,12 +20,25 @@ whichever copy is picked.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
-# Columns per block when a float32 Gram matrix is accumulated in float64: bounds the float64
-# copy to n * 2^16 values instead of the whole matrix.
-_GRAM_BLOCK = 1 << 16
+# One converted or centred block of columns (n rows x B columns) is about this many bytes; it
+# bounds the extra memory whatever n and d are. Each block costs two parallel regions (the
+# subtraction, the product). Measured for the centred distances of n = 50, d = 10⁶ float32 on
+# 2 threads, in multiples of one mean(0) in the same process, blocks of 8 / 16 / 32 / 64 MiB
+# cost 4.6 / 4.5 / 5.5 / 6.4 on a quiet machine (small blocks stay in cache; uncentred 3.7-4)
+# but 13 / 8.7 / 5.7 / 4.7 on an oversubscribed one (load 8 on 2 cores: every parallel region
+# then waits milliseconds for its second thread). 16 MiB: the quiet optimum.
+_BLOCK_BYTES = 16 << 20
+# The probe that picks the centre holds at most this many values (n rows x its columns) and is
+# worked on by numpy on one thread: ~0.4 ms at n = 50, and no waiting for a second thread to be
+# scheduled (on a loaded machine each parallel region of torch or BLAS cost milliseconds).
+_PROBE_VALUES = 16384
+# Its columns come in runs of adjacent ones (a 64-byte cache line holds 16 float32 values: one
+# value per line would read a line for each), spread evenly over the d columns.
+_PROBE_RUN = 32
 
 
 def _require(rule: str, n: int, f: int, ok: bool, requirement: str) -> None:
@@ -39,41 +58,121 @@ def _check_d2(d2: Tensor, rule: str) -> int:
     return d2.shape[0]
 
 
-def gram(updates: Tensor, *, dtype: torch.dtype | None = None) -> Tensor:
-    """``G = X Xᵀ`` accumulated in ``dtype`` (default: the updates' dtype).
+def block_columns(n: int, itemsize: int, d: int) -> int:
+    """Columns per block of :func:`gram`: about ``_BLOCK_BYTES / (n · itemsize)``, at least
+    1024 (fewer, larger products when n is large), at most ``d``."""
+    return max(1, min(d, max(1024, _BLOCK_BYTES // max(1, n * itemsize))))
 
-    A float32 matrix accumulated in float64 is converted block by block of columns, so the extra
-    memory is ``n × 65536`` values, not a float64 copy of the whole matrix."""
+
+def gram(updates: Tensor, *, dtype: torch.dtype | None = None, centre: Tensor | None = None) -> Tensor:
+    """``G = (X − 1cᵀ)(X − 1cᵀ)ᵀ`` accumulated in ``dtype`` (default: the updates' dtype), with
+    ``c = centre`` (a length-d vector) or 0.
+
+    Without centring or conversion: one product ``X Xᵀ``. Otherwise column blocks of
+    :func:`block_columns` columns: each block is converted to ``dtype`` and has ``c`` subtracted
+    in one pass into a reused buffer, its product is computed in ``dtype`` and added into a
+    float64 total, so every dot product is rounded over at most one block's length and the
+    extra memory is one block, not a copy of the matrix."""
     dtype = dtype or updates.dtype
-    if updates.dtype == dtype:
+    if centre is None and updates.dtype == dtype:
         return updates @ updates.T
     n, d = updates.shape
-    g = torch.zeros(n, n, dtype=dtype, device=updates.device)
-    for start in range(0, d, _GRAM_BLOCK):  # blocks of 65536 columns, not single coordinates
-        block = updates[:, start : start + _GRAM_BLOCK].to(dtype)
-        g.addmm_(block, block.T)
-    return g
+    cols = block_columns(n, torch.finfo(dtype).bits // 8, d)
+    c = None if centre is None else centre.to(dtype)
+    g = torch.zeros(n, n, dtype=torch.float64, device=updates.device)
+    buf = torch.empty(n, cols, dtype=dtype, device=updates.device)
+    for start in range(0, d, cols):  # a few dozen blocks, not single coordinates
+        stop = min(d, start + cols)
+        block = buf[:, : stop - start]
+        if c is None:
+            block.copy_(updates[:, start:stop])
+        else:
+            torch.sub(updates[:, start:stop], c[start:stop], out=block)
+        g += block @ block.T
+    return g.to(dtype)
+
+
+def probe_columns(n: int, d: int) -> Tensor | None:
+    """Column indices of the probe: ``⌊16384 / n⌋`` columns rounded down to whole runs of 32
+    adjacent ones (at least one run) with evenly spaced starts, or None (all columns) when
+    ``d`` is not larger."""
+    runs = max(1, _PROBE_VALUES // max(1, n) // _PROBE_RUN)
+    if d <= runs * _PROBE_RUN:
+        return None
+    starts = torch.arange(runs) * (d - _PROBE_RUN) // max(1, runs - 1)
+    return (starts[:, None] + torch.arange(_PROBE_RUN)).flatten()
+
+
+def distance_centre(updates: Tensor) -> int | None:
+    """The row that :func:`pairwise_sq_distances` subtracts before its Gram product, or None
+    for no centring. Decided on the probe columns (:func:`probe_columns`, in float64, distances
+    taken after subtracting the probe's mean, so they are accurate whatever the offset):
+
+    * ``r`` = the row whose ``⌊n/2⌋`` nearest other rows are nearest (smallest sum of squared
+      distances; first index on ties): with fewer than n/2 Byzantine rows it lies in the bulk
+      of the honest rows, never in a far outlier;
+    * centre on ``x_r`` iff the median over rows of ``‖x_i − x_r‖²`` is below the median of
+      ``‖x_i‖²``, i.e. when a common offset makes the rows nearer to ``x_r`` than to the
+      origin (model weights, or gradients with a common part larger than their spread).
+
+    Rows around the origin (gradients dominated by noise) are not centred: there the origin is
+    already as good a centre, and the subtraction would cost one more pass over the matrix."""
+    n, d = updates.shape
+    if n < 2 or d == 0:
+        return None
+    cols = probe_columns(n, d)
+    p = updates if cols is None else updates.index_select(1, cols.to(updates.device))
+    p = p.detach().to("cpu", torch.float64).numpy()
+    q = p - p.mean(axis=0)
+    gq = np.einsum("ik,jk->ij", q, q)  # numpy's own loop: one thread, no BLAS thread pool
+    sq = np.diag(gq)
+    dq = np.maximum(sq[:, None] + sq[None, :] - 2 * gq, 0.0)
+    np.fill_diagonal(dq, np.inf)
+    r = int(np.argmin(np.sort(dq, axis=1)[:, : n // 2].sum(axis=1)))
+    dq[r, r] = 0.0
+    return r if np.median(dq[r]) < np.median((p * p).sum(axis=1)) else None
 
 
 def pairwise_sq_distances(updates: Tensor, *, dtype: torch.dtype | None = None) -> Tensor:
-    """``D_ij = ‖x_i − x_j‖² = ‖x_i‖² + ‖x_j‖² − 2⟨x_i, x_j⟩`` from one Gram matrix.
+    """``D_ij = ‖x_i − x_j‖²``, expanded as ``‖c_i‖² + ‖c_j‖² − 2⟨c_i, c_j⟩`` with
+    ``c_i = x_i − c`` for a centre ``c`` (distances do not depend on it).
 
-    One ``X Xᵀ`` product (O(n² d) flops, no (n, n, d) intermediate); the norms are its diagonal.
-    Rounding can make the expansion slightly negative or asymmetric, so the result is clamped at
-    0, symmetrised, and its diagonal set to exactly 0. ``dtype`` is the accumulation and result
-    dtype (default: the updates' dtype); ``torch.float64`` on float32 updates gives distances
-    accurate to float64 rounding of the float32 inputs.
+    ``c`` is the row :func:`distance_centre` picks, or 0: rows that share a large offset
+    (model weights) are centred first, since the plain expansion would subtract numbers of size
+    ‖x‖² ≫ D and keep only rounding noise. The Gram matrix of the centred rows is :func:`gram`
+    (one ``X Xᵀ`` when not centred; column blocks summed in float64 when centred), O(n² d)
+    flops and no (n, n, d) intermediate; the expansion is done in float64, clamped at 0,
+    symmetrised, its diagonal set to exactly 0, and cast to ``dtype`` (the accumulation and
+    result dtype; default: the updates' dtype).
+
+    Error bound. With ``u`` the unit roundoff of the accumulation dtype (2⁻²⁴ for float32,
+    2⁻⁵³ for float64), ``m`` the length of one rounded dot product (``d`` for the single
+    product, the block's column count otherwise) and ``γ_m = m·u / (1 − m·u)``,
+
+        |D̂_ij − D_ij| ≤ (2γ_m + 8u) · (‖x_i − c‖² + ‖x_j − c‖²)
+
+    (2γ_m for the three Gram entries, whatever order the BLAS sums in; 4u for rounding the
+    centred values, nothing when they are exact, as they are wherever x and c agree to within
+    a factor 2; 2u for the cast; the float64 sum over ⌈d/m⌉ blocks adds at most ⌈d/m⌉·2⁻⁵³
+    times the same factor).
+    The error is relative to the spread about ``c``, not to ‖x‖: an offset shared by all rows
+    costs nothing. What remains is the worst case of any Gram expansion: a pair much closer to
+    each other than to ``c`` has a relative error of up to the bound over D_ij. Rows far from
+    the bulk make that worse only when they are the centre, which the choice of ``c`` avoids;
+    duplicated rows may come out a small positive distance apart instead of 0. The bound is
+    the worst rounding can do; typical errors are far smaller, as rounding errors partly cancel.
     """
     if updates.ndim != 2:
         raise ValueError(
             f"pairwise_sq_distances: updates must be a 2-D (n, d) tensor, got shape {tuple(updates.shape)}"
         )
-    g = gram(updates, dtype=dtype)
+    r = distance_centre(updates)
+    g = gram(updates, dtype=dtype, centre=None if r is None else updates[r]).to(torch.float64)
     sq = torch.diagonal(g)
     d2 = (sq[:, None] + sq[None, :] - 2 * g).clamp_min(0)
     d2 = (d2 + d2.T) / 2
     d2.fill_diagonal_(0)
-    return d2
+    return d2.to(dtype or updates.dtype)
 
 
 def _krum_scores_k(d2: Tensor, k: int) -> Tensor:
