@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench clean
+.PHONY: run test bench figures clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -17,6 +17,10 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# Re-run the recipes behind every figure under docs/figures/ and overwrite them (minutes).
+figures: $(STAMP)
+	$(BIN)/python docs/make_figures.py
 
 clean:
 	rm -rf $(VENV) runs build src/*.egg-info

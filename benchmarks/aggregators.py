@@ -11,6 +11,7 @@ listed there is reported as skipped).
 
     python benchmarks/aggregators.py [--n 50 --d 1000000 --repeats 7 --threads 2
                                       --out benchmarks/results/aggregators.json] [--quick]
+                                      [--only krum,multi_krum,bulyan,nnm] [--offset 1000]
 
 f is n // 5 unless a rule refuses it (e.g. bulyan needs n >= 4f + 3): then the largest f below
 that it accepts is used, and recorded. Naive baselines: torch.median / a torch.sort slice for
@@ -36,6 +37,10 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--out", default="benchmarks/results/aggregators.json")
     p.add_argument("--quick", action="store_true", help="smoke run: d = 1e5, 3 repeats")
     p.add_argument("--no-naive", action="store_true", help="skip the naive baselines")
+    p.add_argument("--only", default=None, help="comma-separated entry names to time (default: all)")
+    p.add_argument("--offset", type=float, default=0.0,
+                   help="added to every entry: 1000 makes the rows look like model weights, which "
+                        "the distance rules centre before their Gram product (one more pass)")
     args = p.parse_args()
     if args.d is None:
         args.d = 100_000 if args.quick else 1_000_000
@@ -251,6 +256,8 @@ def main(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     n, d = args.n, args.d
     x = torch.randn(n, d, generator=torch.Generator().manual_seed(args.seed), dtype=torch.float32)
+    if args.offset:
+        x += args.offset
     x_small = x[:, :64].contiguous()
     f_default = n // 5
     load_start = os.getloadavg()
@@ -263,6 +270,8 @@ def main(args: argparse.Namespace) -> int:
     rows: list[dict] = []
     for kind, registry in (("aggregator", AGGREGATORS), ("pre-aggregator", PREAGGREGATORS)):
         for name in registry.names():
+            if args.only is not None and name not in args.only.split(","):
+                continue
             row: dict = {"name": name, "kind": kind, "target_ratio": TARGETS.get(name)}
             rows.append(row)
             impl = registry.entry(name).impl
@@ -308,7 +317,8 @@ def main(args: argparse.Namespace) -> int:
     result = {
         "config": {
             "n": n, "d": d, "dtype": "float32", "threads": args.threads, "repeats": args.repeats,
-            "seed": args.seed, "f_default": f_default, "quick": args.quick,
+            "seed": args.seed, "f_default": f_default, "quick": args.quick, "only": args.only,
+            "offset": args.offset,
             "mean_ms": mean_ms, "mean_ms_start_end": mean_samples,
             "loadavg_start": load_start, "loadavg_end": os.getloadavg(),
             "torch": torch.__version__, "numba": numba_version, "python": platform.python_version(),

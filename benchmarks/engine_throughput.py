@@ -4,7 +4,11 @@
 gradient per client per round, momentum sent), plain mean. The first rounds are warm-up
 (vmap tracing, allocator) and are not timed.
 
-    python benchmarks/engine_throughput.py [--clients 100 --rounds 30 --threads 2]
+    python benchmarks/engine_throughput.py [--clients 100 --rounds 30 --threads 2] [--quick]
+        [--out benchmarks/results/engine_throughput.json]
+
+``--quick`` (10 clients, 3 timed rounds after 1 warm-up, 1 thread) checks that the script runs;
+its ratio means nothing.
 """
 
 from __future__ import annotations
@@ -19,14 +23,18 @@ from pathlib import Path
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--clients", type=int, default=100)
-    ap.add_argument("--rounds", type=int, default=30)
-    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--clients", type=int, default=None, help="clients (default 100; --quick 10)")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds timed + 1 (default 30; --quick 4)")
+    ap.add_argument("--warmup", type=int, default=None, help="untimed first rounds (default 3; --quick 1)")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--hidden", type=int, default=100)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=None, help="torch / OpenMP threads (default 2; --quick 1)")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/engine_throughput.json"))
+    ap.add_argument("--quick", action="store_true", help="smoke run: 10 clients, 3 timed rounds, 1 thread")
     args = ap.parse_args()
+    for name, full, quick in (("clients", 100, 10), ("rounds", 30, 4), ("warmup", 3, 1), ("threads", 2, 1)):
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
 
     import torch
@@ -65,6 +73,7 @@ def main() -> None:
         "model": f"mlp(64-{args.hidden}-10)",
         "batch_size": args.batch,
         "threads": args.threads,
+        "quick": args.quick,
         "timed_rounds": args.rounds - 1,
         "backends": results,
         "vectorized_speedup": ratio,

@@ -15,7 +15,7 @@ budget left. f = max(1, (n-1)//4) (the cost does not depend on f > 0).
     python benchmarks/he_hts.py [--quick] [--n 5,7,9,15] [--delta 2,3,4] [--parallel 4]
                                 [--workers 0 (= all cores)] [--out benchmarks/results/he_hts.json]
 
-Never run by the test suite.
+The test suite runs ``--quick`` (a smoke run: its numbers mean nothing).
 """
 
 from __future__ import annotations

@@ -15,7 +15,11 @@ Methods run interleaved within each repeat so that load from other processes hit
 alike; the median over repeats is reported, with the machine's load average, because this
 is a shared 2-core box. CPU seconds (process time) are recorded next to wall seconds.
 
-    python benchmarks/zo_forward.py [--k 100 500] [--threads 1 2] [--chunks 2 4 8 16 32]
+    python benchmarks/zo_forward.py [--k 100 500] [--threads 1 2] [--chunks 2 4 8 16 32] [--quick]
+        [--out benchmarks/results/zo_forward.json]
+
+``--quick`` (K = 8, one thread, chunks 2 and 4, one repeat, 2 clients) checks that the script
+runs; its speed-ups mean nothing.
 """
 
 from __future__ import annotations
@@ -75,15 +79,20 @@ def _summarise(res: dict[str, dict[str, float]]) -> dict[str, object]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--k", type=int, nargs="+", default=[100, 500])
+    ap.add_argument("--k", type=int, nargs="+", default=None, help="perturbations (default 100 500; --quick 8)")
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--chunks", type=int, nargs="+", default=[2, 4, 8, 16, 32])
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--clients", type=int, default=10, help="n for the many-clients row (0: skip)")
+    ap.add_argument("--threads", type=int, nargs="+", default=None, help="(default 1 2; --quick 1)")
+    ap.add_argument("--chunks", type=int, nargs="+", default=None, help="(default 2 4 8 16 32; --quick 2 4)")
+    ap.add_argument("--repeats", type=int, default=None, help="(default 3; --quick 1)")
+    ap.add_argument("--clients", type=int, default=None, help="n for the many-clients row (0: skip; default 10, --quick 2)")
     ap.add_argument("--no-extra", action="store_true", help="skip the small-model rows")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/zo_forward.json"))
+    ap.add_argument("--quick", action="store_true", help="smoke run: K 8, 1 thread, chunks 2 4, 1 repeat, 2 clients")
     args = ap.parse_args()
+    for name, full, quick in (("k", [100, 500], [8]), ("threads", [1, 2], [1]), ("chunks", [2, 4, 8, 16, 32], [2, 4]),
+                              ("repeats", 3, 1), ("clients", 10, 2)):
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
     os.environ.setdefault("OMP_NUM_THREADS", str(max(args.threads)))
 
     import torch
@@ -146,7 +155,7 @@ def main() -> None:
                 loss_s, p_s, x_s, y_s, src_s = setup(cfg, shape)
                 k = min(args.k)
                 methods = {"loop": lambda: loss_differences_reference(loss_s, p_s, x_s, y_s, src_s, 0, k)}
-                for c in (4, 16, 64):
+                for c in [c for c in (4, 16, 64) if c <= k] or [k]:
                     methods[f"batched_chunk{c}"] = lambda c=c: loss_differences(loss_s, p_s, x_s, y_s, src_s, 0, k, chunk=c)
                 res = _summarise(_race(methods, args.repeats, k))
                 cases.append({"model": name, "input": list(shape), "k": k, "threads": threads, "clients": 1,
@@ -171,6 +180,7 @@ def main() -> None:
         "scheme": "forward (twice-FD)",
         "sigma": 1e-4,
         "repeats": args.repeats,
+        "quick": args.quick,
         "target_speedup": 3.0,
         "pass": all(c["speedup"] >= 3.0 for c in headline),
         "cases": cases,

@@ -1,0 +1,204 @@
+"""Regenerate every figure under docs/figures/ by re-running the experiments it shows.
+
+Each figure in the README is the output of documented ``fedsafe`` commands on a recipe (the
+recipe's header lists them). This script runs exactly those commands, each as its own process
+(``python -m fedsafe ...``, from the repository root) in a fresh work directory, then copies the
+files the README shows into the output directory:
+
+    inherent   inherent_accuracy_vs_epsilon.png, inherent_sweep.csv   recipes/inherent_noise.toml
+    spectrum   inherent_spectrum.png                                  fedsafe privacy spectrum
+    audit      audit_all_iterates.png                                 recipes/audit_dpfedavg.toml (z = 0.5, 4 reps)
+    baffle     baffle_accuracy.png                                    recipes/baffle.toml
+
+    python docs/make_figures.py [--only NAME ...] [--quick] [--out-dir DIR] [--work-dir DIR] [--list]
+    make figures                                          # all of them, into docs/figures/
+
+Every command runs with one OpenMP / torch thread (sweep cells get one thread each from
+``--jobs 2``). The same seed and the same thread count give the same numbers; the thread count
+matters: WF-NA noise (``gsgd+wf_na``) is drawn in an eigenbasis of each user's covariance, and
+that basis, where eigenvalues nearly coincide, moves with the float rounding of the
+multi-threaded BLAS, so a run on two threads draws different (equally distributed) noise.
+
+``--quick`` runs each figure at a tiny size (a few rounds, few clients, two ε values) into a new
+temporary directory unless ``--out-dir`` is given; it never writes docs/figures/ by default.
+It checks that every figure can still be made; its numbers mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FIGURES_DIR = ROOT / "docs" / "figures"
+
+# A command is built when it runs: a later step may name what an earlier one wrote (a glob).
+Command = Callable[[Path, bool], list[str]]
+
+
+@dataclass(frozen=True)
+class FigureSpec:
+    """One README figure: the fedsafe commands that make it and the files it ships.
+
+    ``outputs`` maps a file name under docs/figures/ to the file the commands write, relative to
+    the figure's work directory.
+    """
+
+    name: str
+    description: str
+    commands: tuple[Command, ...]
+    outputs: dict[str, str]
+
+
+def _quick(quick: bool, *overrides: str) -> list[str]:
+    """``--set`` options that shrink a run in quick mode (none otherwise)."""
+    return [arg for o in overrides for arg in ("--set", o)] if quick else []
+
+
+def _inherent_sweep(work: Path, quick: bool) -> list[str]:
+    eps = "1,8" if quick else "1,2,4,8"
+    return ["sweep", "recipes/inherent_noise.toml", "--jobs", "2", "--out", str(work),
+            "--grid", "inherent.row=sgd_iid+isotropic,gsgd+wf_na,gd+isotropic",
+            "--grid", f"inherent.target_epsilon={eps}", "--rows", "inherent.row", "--cols", "inherent.target_epsilon",
+            *_quick(quick, "rounds=2", "eval_every=1")]
+
+
+def _inherent_report(work: Path, quick: bool) -> list[str]:
+    # the shell's `inherent.*`: sorted matches, or the pattern itself when nothing matches
+    cells = sorted(str(p) for p in work.glob("inherent.*")) or [str(work / "inherent.*")]
+    return ["report", *cells, "--out", str(work / "report")]
+
+
+def _spectrum(work: Path, quick: bool) -> list[str]:
+    return ["privacy", "spectrum", "--out", str(work / "spectrum.png")]  # ~1 s: the same in quick mode
+
+
+def _audit_run(work: Path, quick: bool) -> list[str]:
+    return ["run", "recipes/audit_dpfedavg.toml", "--variant", "z_0_5_rep4", "--out", str(work), "--quiet",
+            *_quick(quick, "rounds=4", "eval_every=4", "clients.num_clients=20", "audit.canaries=20",
+                    "audit.unobserved=20")]
+
+
+def _baffle_run(work: Path, quick: bool) -> list[str]:
+    return ["run", "recipes/baffle.toml", "--out", str(work), "--quiet",
+            *_quick(quick, "rounds=1", "eval_every=1", "clients.num_clients=2", "clients.local_steps=1")]
+
+
+def _baffle_report(work: Path, quick: bool) -> list[str]:
+    return ["report", str(work), "--out", str(work / "report")]
+
+
+FIGURES: dict[str, FigureSpec] = {
+    f.name: f
+    for f in (
+        FigureSpec("inherent", "accuracy vs ε of three Table 1 rows (Zhang et al.), 12-cell sweep",
+                   (_inherent_sweep, _inherent_report),
+                   {"inherent_accuracy_vs_epsilon.png": "report/accuracy_vs_epsilon.png",
+                    "inherent_sweep.csv": "sweep.csv"}),
+        FigureSpec("spectrum", "one user's covariance eigenvalues, isotropic vs water-filled noise",
+                   (_spectrum,), {"inherent_spectrum.png": "spectrum.png"}),
+        FigureSpec("audit", "canary cosines, all iterates (Andrew et al.), variant z_0_5_rep4",
+                   (_audit_run,), {"audit_all_iterates.png": "z_0_5_rep4/audit_all.png"}),
+        FigureSpec("baffle", "BAFFLE accuracy per round, the recipe's 7 variants",
+                   (_baffle_run, _baffle_report), {"baffle_accuracy.png": "report/accuracy.png"}),
+    )
+}
+
+
+def _shell_word(token: str) -> str:
+    """``token`` quoted for a POSIX shell, except a glob whose only special character is ``*``."""
+    plain = token.replace("*", "x")
+    return token if "*" in token and shlex.quote(plain) == plain else shlex.quote(token)
+
+
+def shell_line(argv: Sequence[str]) -> str:
+    """The command as a user would type it."""
+    return " ".join(_shell_word(t) for t in ["fedsafe", *argv])
+
+
+def run_fedsafe(argv: Sequence[str]) -> None:
+    """``python -m fedsafe ARGV`` from the repository root with one thread; raise on failure."""
+    threads = {v: "1" for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+    env = {**os.environ, **threads, "MPLBACKEND": "Agg"}
+    rc = subprocess.run([sys.executable, "-m", "fedsafe", *argv], cwd=ROOT, env=env).returncode
+    if rc != 0:
+        raise RuntimeError(f"exit status {rc}: {shell_line(argv)}")
+
+
+def make_figure(spec: FigureSpec, work: Path, out_dir: Path, quick: bool) -> list[Path]:
+    """Run ``spec``'s commands in ``work`` (created) and copy its outputs to ``out_dir``."""
+    work.mkdir(parents=True)
+    for command in spec.commands:
+        argv = command(work, quick)
+        print(f"[{spec.name}] $ {shell_line(argv)}", flush=True)
+        run_fedsafe(argv)
+    written = []
+    for dest, produced in spec.outputs.items():
+        src = work / produced
+        if not src.is_file():
+            raise RuntimeError(f"the commands did not write {produced}")
+        shutil.copyfile(src, out_dir / dest)
+        written.append(out_dir / dest)
+    return written
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", action="append", default=[], metavar="NAME",
+                   help=f"make only this figure (repeatable or comma-separated): {', '.join(FIGURES)}")
+    p.add_argument("--quick", action="store_true", help="tiny runs into a temporary directory (a smoke test)")
+    p.add_argument("--out-dir", type=Path, default=None,
+                   help="where the figures go (default docs/figures/; --quick: a new temporary directory)")
+    p.add_argument("--work-dir", type=Path, default=None,
+                   help="keep the runs here (must be empty or absent; default: a temporary directory, removed)")
+    p.add_argument("--list", action="store_true", help="print each figure's files and commands, run nothing")
+    args = p.parse_args(argv)
+    names = [n.strip() for item in args.only for n in item.split(",") if n.strip()]
+    unknown = [n for n in names if n not in FIGURES]
+    if unknown:
+        p.error(f"--only {', '.join(unknown)}: unknown figure; valid: {', '.join(FIGURES)}")
+    args.names = [n for n in FIGURES if n in names] if names else list(FIGURES)
+    if args.work_dir is not None and args.work_dir.exists() and any(args.work_dir.iterdir()):
+        p.error(f"--work-dir {args.work_dir}: not empty (give an empty or new directory)")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse(argv)
+    if args.list:
+        for name in args.names:
+            spec = FIGURES[name]
+            print(f"{name}: {spec.description}\n  files: {', '.join(spec.outputs)}")
+            for command in spec.commands:
+                print(f"  $ {shell_line(command(Path('runs/figures') / name, args.quick))}")
+        return 0
+    out_dir = args.out_dir or (Path(tempfile.mkdtemp(prefix="fedsafe-figures-")) if args.quick else FIGURES_DIR)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="fedsafe-figures-work-") as tmp:
+        work_root = args.work_dir or Path(tmp)
+        timings = []
+        for name in args.names:
+            t0 = time.perf_counter()
+            try:
+                written = make_figure(FIGURES[name], work_root / name, out_dir, args.quick)
+            except RuntimeError as e:
+                print(f"error: figure {name}: {e}", file=sys.stderr)
+                return 1
+            timings.append((name, time.perf_counter() - t0, written))
+    print(f"\n{'figure':<10}{'seconds':>9}  files")
+    for name, seconds, written in timings:
+        print(f"{name:<10}{seconds:>9.1f}  {', '.join(str(p) for p in written)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
