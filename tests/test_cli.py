@@ -213,3 +213,39 @@ def test_malicious_cifar_pickle_is_one_error(tmp_path):
     assert r.exit_code == 2 and "Traceback" not in r.output and "pwned" not in r.output
     errors = [line for line in r.output.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and ("os.system" in errors[0] or "posix.system" in errors[0]), r.output
+
+
+@pytest.mark.parametrize("override, key", [
+    ("server.lr=inf", "server.lr"),
+    ("server.lr=nan", "server.lr"),
+    ("clients.lr=inf", "clients.lr"),
+    ("dp.noise_multiplier=inf", "dp.noise_multiplier"),
+])
+def test_non_finite_numbers_are_refused_naming_the_key(tmp_path, override, key):
+    # server.lr = inf used to be accepted: every update became non-finite and every round was
+    # skipped, so the run "succeeded" at chance accuracy.
+    cfg = tmp_path / "small.toml"
+    cfg.write_text(SMALL)
+    out = tmp_path / "out"
+    r = runner.invoke(app, ["run", str(cfg), "--set", override, "--out", str(out)])
+    assert r.exit_code == 2, r.output
+    lines = [l for l in r.output.splitlines() if l.startswith("error:")]
+    assert lines and lines[0].startswith(f"error: {key}:") and "finite" in lines[0], r.output
+    assert not out.exists()
+
+
+def test_tee_with_more_clients_than_coordinates_is_refused_before_any_round(tmp_path):
+    # 2 synthetic features, 2 classes: logistic regression has 6 parameters, fewer than the 8
+    # clients; the enclave's noise cannot be drawn, so every round would be skipped.
+    cfg = tmp_path / "tee.toml"
+    cfg.write_text(
+        'rounds = 2\nprotocol = "tee"\n[data]\nname = "synthetic"\nsynthetic_dim = 2\nsynthetic_classes = 2\n'
+        '[model]\nname = "logreg"\n[clients]\nnum_clients = 8\n[robust]\nrule = "multi_krum"\n'
+        '[tee]\nprocesses = false\n'
+    )
+    out = tmp_path / "out"
+    r = runner.invoke(app, ["run", str(cfg), "--out", str(out)])
+    assert r.exit_code == 2, r.output
+    assert "error: protocol: tee: 8 clients per round but messages of only 6 coordinates" in r.output
+    assert "N <= d" in r.output
+    assert not out.exists()

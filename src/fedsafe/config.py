@@ -39,7 +39,7 @@ from fedsafe.robust.preaggregators import PREAGGREGATORS
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_assignment=True)
 
 
 class ClientsConfig(Strict):

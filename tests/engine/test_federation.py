@@ -199,3 +199,47 @@ def test_ema_is_what_gets_evaluated():
     fed.run()
     assert fed.evaluate() == fed.evaluate(fed.ema.value)
     assert fed.evaluate() != fed.evaluate(fed.state.params)
+
+
+def test_poisson_skips_only_rule_requirements_and_protocol_errors(monkeypatch):
+    # Under Poisson sampling a round whose sample breaks the rule's n/f requirement is skipped
+    # with the reason; any other ValueError is a bug and must propagate, not become a skip.
+    from fedsafe.core.errors import RequirementError
+
+    poisson = {"clients.sampling": "poisson", "clients.sample_rate": 0.9, "robust.rule": "krum", "attack.f": 0}
+    fed = Federation(small(rounds=3, **poisson))
+    calls = []
+
+    def too_small(updates, round_):
+        calls.append(round_)
+        raise RequirementError("krum requires n >= 2f + 3, got n=2, f=0")
+
+    monkeypatch.setattr(fed.pipeline, "apply", too_small)
+    fed.run()
+    assert calls and all(r["skipped"] == "krum requires n >= 2f + 3, got n=2, f=0" for r in fed.rows if r["participants"])
+
+    fed = Federation(small(rounds=3, **poisson))
+
+    def bug(updates, round_):
+        raise ValueError("operands could not be broadcast together")
+
+    monkeypatch.setattr(fed.pipeline, "apply", bug)
+    with pytest.raises(ValueError, match="broadcast"):
+        fed.run()
+
+
+def test_rule_requirement_errors_are_requirement_errors():
+    from fedsafe.core.errors import RequirementError
+    from fedsafe.robust.aggregators import AGGREGATORS
+    from fedsafe.robust.preaggregators import PREAGGREGATORS
+
+    x = torch.zeros(3, 4)
+    with pytest.raises(RequirementError, match=r"krum requires n >= 2f \+ 3, got n=3, f=1"):
+        AGGREGATORS.get("krum", {})(x, f=1)
+    with pytest.raises(RequirementError, match="trimmed_mean requires"):
+        AGGREGATORS.get("trimmed_mean", {})(x, f=2)
+    with pytest.raises(RequirementError, match="nnm requires"):
+        PREAGGREGATORS.get("nnm", {})(x, f=2)
+    with pytest.raises(ValueError, match="f must be an integer >= 0") as err:
+        AGGREGATORS.get("krum", {})(x, f=-1)
+    assert not isinstance(err.value, RequirementError)

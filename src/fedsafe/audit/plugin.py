@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 class AuditConfig(BaseModel):
     """Canary clients for empirical privacy estimation (needs dp.enabled and fedavg)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_assignment=True)
     canaries: int = Field(0, ge=0, description="observed canaries inserted into training (0: off, else >= 2)")
     unobserved: int = Field(0, ge=0, description="canaries tracked but never inserted (0, or >= 2 for ε-all)")
     repetitions: int = Field(1, ge=1, description="presentations of each canary, spread over rounds")

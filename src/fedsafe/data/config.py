@@ -29,7 +29,7 @@ class DataConfig(BaseModel):
     datasets have official test splits).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: DatasetName = "digits"
     path: str | None = Field(

@@ -18,7 +18,7 @@ from torch import Tensor
 from torch.func import functional_call
 
 from fedsafe.config import ExperimentConfig
-from fedsafe.core.errors import CheckpointError, ConfigError
+from fedsafe.core.errors import CheckpointError, ConfigError, RequirementError
 from fedsafe.data import FederatedDataset, load_federated
 from fedsafe.engine.backends import make_backend
 from fedsafe.engine.clients import ClientWork
@@ -137,6 +137,10 @@ class Federation:
         if cfg.clients.algorithm == "dsgd" and cfg.clients.gradient == "backprop":
             momentum = params.new_zeros((cfg.clients.num_clients, params.numel()))
         self.state = FederationState(round=0, params=params, momentum=momentum)
+        dim = self.work.message_dim(params.numel())
+        for p in self.plugins:
+            dim = p.message_dim(dim)
+        self._preflight_protocol(dim)
         self.ema = None
         if cfg.server.ema is not None:
             from fedsafe.zo.ema import EMA
@@ -156,12 +160,23 @@ class Federation:
             self.pipeline.apply(torch.zeros(n, 2), 0)
         except ValueError as e:
             raise ConfigError([f"robust: {e} (with {n} participants per round)"]) from None
+
+    def _preflight_protocol(self, dim: int) -> None:
+        """The protocol's config-time check for rounds of the configured size with messages of
+        ``dim`` coordinates (HE: do 128-bit-secure parameters exist? TEE: N <= d?), so a run that
+        could only skip every round is refused before it starts. Under Poisson sampling the size
+        varies: the check then runs on the expected size."""
         preflight = getattr(self.protocol, "preflight", None)
-        if preflight is not None:  # e.g. HE: do 128-bit-secure parameters exist for this size?
-            try:
-                preflight(n, self.pipeline)
-            except ProtocolError as e:
-                raise ConfigError([f"protocol: {e}"]) from None
+        if preflight is None:
+            return
+        c = self.cfg.clients
+        n = {"all": c.num_clients, "fixed": c.sample_size}.get(c.sampling)
+        if n is None:
+            n = max(1, round(c.num_clients * c.sample_rate))
+        try:
+            preflight(n, self.pipeline, dim=dim)
+        except ProtocolError as e:
+            raise ConfigError([f"protocol: {e}"]) from None
 
     # --- resume ---------------------------------------------------------------------------
 
@@ -260,10 +275,13 @@ class Federation:
             ctx = RoundContext(t, cfg.seed, tuple(map(int, honest)) + tuple(map(int, byz)), len(byz))
             try:
                 self._aggregate_and_step(ctx, honest, byz, row)
-            except (ProtocolError, ValueError) as e:
-                # A protocol that cannot finish (e.g. too many secure-aggregation dropouts) skips
-                # the round; so does a rule whose n/f requirement a Poisson sample broke.
-                if cfg.clients.sampling != "poisson" and not isinstance(e, ProtocolError):
+            except ProtocolError as e:
+                # A protocol that cannot finish (e.g. too many secure-aggregation dropouts).
+                skip = str(e)
+            except RequirementError as e:
+                # A rule whose n/f requirement this round's sample broke: only Poisson sampling
+                # varies the sample, and the configured size was checked at start-up.
+                if cfg.clients.sampling != "poisson":
                     raise
                 skip = str(e)
             except _Skip as e:

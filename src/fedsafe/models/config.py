@@ -18,7 +18,7 @@ class ModelConfig(BaseModel):
     ``logreg`` has no knobs; settings that an architecture does not use are ignored.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: Literal["logreg", "mlp", "cnn_fmnist", "cnn_cifar", "lenet"] = "logreg"
     hidden: int = Field(100, ge=1, description="mlp hidden width")

@@ -128,7 +128,7 @@ def _calibrate(
 class DPConfig(BaseModel):
     """Client-level differential privacy (DP-FedAvg with clipping and Gaussian noise)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_assignment=True)
 
     enabled: bool = False
     clip: float = Field(1.0, gt=0, allow_inf_nan=False, description="L2 clip norm C (initial C when adaptive)")

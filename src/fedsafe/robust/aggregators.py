@@ -23,6 +23,8 @@ import math
 import torch
 from torch import Tensor
 
+from fedsafe.robust.requirements import require as _require
+
 from fedsafe.engine.streams import torch_stream
 from fedsafe.registry import Registry
 from fedsafe.robust.distances import (
@@ -47,12 +49,6 @@ def _check_matrix(updates: Tensor, name: str) -> int:
         raise ValueError(f"{name}: updates must be floating point, got {updates.dtype}")
     return n
 
-
-def _require(rule: str, n: int, f: int, ok: bool, requirement: str) -> None:
-    if not isinstance(f, int) or isinstance(f, bool) or f < 0:
-        raise ValueError(f"{rule}: f must be an integer >= 0, got f={f!r}")
-    if not ok:
-        raise ValueError(f"{rule} requires {requirement}, got n={n}, f={f}")
 
 
 def _int_param(rule: str, name: str, value: object, minimum: int) -> int:

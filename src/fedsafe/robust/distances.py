@@ -24,6 +24,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedsafe.robust.requirements import require as _require
+
 # One converted or centred block of columns (n rows x B columns) is about this many bytes; it
 # bounds the extra memory whatever n and d are. Each block costs two parallel regions (the
 # subtraction, the product). Measured for the centred distances of n = 50, d = 10⁶ float32 on
@@ -40,12 +42,6 @@ _PROBE_VALUES = 16384
 # value per line would read a line for each), spread evenly over the d columns.
 _PROBE_RUN = 32
 
-
-def _require(rule: str, n: int, f: int, ok: bool, requirement: str) -> None:
-    if not isinstance(f, int) or isinstance(f, bool) or f < 0:
-        raise ValueError(f"{rule}: f must be an integer >= 0, got f={f!r}")
-    if not ok:
-        raise ValueError(f"{rule} requires {requirement}, got n={n}, f={f}")
 
 
 def _check_d2(d2: Tensor, rule: str) -> int:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from fedsafe.robust.requirements import require as _require
+
 from fedsafe.registry import Registry
 from fedsafe.robust.mixing import mix
 from fedsafe.robust.distances import nnm_mixing, pairwise_sq_distances
@@ -30,12 +32,6 @@ def _check_matrix(updates: Tensor, name: str) -> int:
         raise ValueError(f"{name}: updates must be floating point, got {updates.dtype}")
     return n
 
-
-def _require(name: str, n: int, f: int, ok: bool, requirement: str) -> None:
-    if not isinstance(f, int) or isinstance(f, bool) or f < 0:
-        raise ValueError(f"{name}: f must be an integer >= 0, got f={f!r}")
-    if not ok:
-        raise ValueError(f"{name} requires {requirement}, got n={n}, f={f}")
 
 
 def _clip_factors(norms: Tensor, tau: Tensor | float) -> Tensor:

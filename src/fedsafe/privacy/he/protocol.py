@@ -72,7 +72,7 @@ def quantization_destroys_signal(clipped: float, zeroed: float) -> bool:
 class HEConfig(BaseModel):
     """``[he]``: SABLE's homomorphic aggregation."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_assignment=True)
 
     delta: int = Field(4, ge=2, le=8, description="bit precision of the quantized messages (SABLE's delta)")
     # 0.05, not 1.0: with delta = 4 a coordinate survives only when |x| > C/14, and client
@@ -159,9 +159,10 @@ class HEProtocol:
         except HEParameterError as exc:
             raise HEProtocolError(f"he: {exc}") from None
 
-    def preflight(self, n: int, pipeline: Any) -> HEPlan:
+    def preflight(self, n: int, pipeline: Any, *, dim: int | None = None) -> HEPlan:
         """Config-time check for rounds of n messages: the rule, and that 128-bit-secure
-        parameters with enough noise budget exist (raises ProtocolError with the reason)."""
+        parameters with enough noise budget exist (raises ProtocolError with the reason). The
+        message dimension ``dim`` does not matter here (it only sets the ciphertext count)."""
         self.check(pipeline)
         f = int(pipeline.f)
         inputs = 2 * f + 1 if self.config.subsample and 2 * f + 1 < n else n

@@ -36,7 +36,7 @@ assert set(Row.__args__) == set(TABLE1_ROWS)  # type: ignore[attr-defined]
 class InherentConfig(BaseModel):
     """``[inherent]``: the Table 1 row each user releases and how its ε is composed."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_assignment=True)
     row: Row = "gsgd+wf_na"
     clip: float = Field(10.0, gt=0, description="per-example L2 clip norm C")
     batch_size: int = Field(32, ge=1, description="B: minibatch size (sgd_iid) / variance scale (gsgd)")

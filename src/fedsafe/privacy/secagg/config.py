@@ -51,7 +51,7 @@ MAX_QUANT_BITS = 52  # float64 resolution: finer levels than this cannot be told
 class SecAggConfig(BaseModel):
     """Secure aggregation parameters (config section ``[secagg]``)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_assignment=True)
 
     bits: int = Field(32, ge=16, le=62, description="arithmetic is in Z_{2^bits}")
     quant_bits: int | None = Field(

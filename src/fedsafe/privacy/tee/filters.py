@@ -25,16 +25,14 @@ import torch
 from torch import Tensor
 
 from fedsafe.robust.distances import gram
+from fedsafe.robust.requirements import require
 
 
 def _check(rule: str, g: Tensor, f: int) -> int:
     if g.ndim != 2 or g.shape[0] != g.shape[1] or g.shape[0] == 0:
         raise ValueError(f"{rule}: the Gram matrix must be a non-empty square matrix, got shape {tuple(g.shape)}")
     n = g.shape[0]
-    if not isinstance(f, int) or isinstance(f, bool) or f < 0:
-        raise ValueError(f"{rule}: f must be an integer >= 0, got f={f!r}")
-    if not 2 * f < n:
-        raise ValueError(f"{rule} requires n > 2f, got n={n}, f={f}")
+    require(rule, n, f, 2 * f < n, "n > 2f")
     return n
 
 

@@ -68,7 +68,7 @@ class TEEConfig(BaseModel):
     (≈ 7.2e-7·d bits per round: 0.07 bits at d = 1e5).
     """
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_assignment=True)
 
     noise_ratio: float | None = Field(
         None, gt=0, le=1e16, allow_inf_nan=False,
@@ -155,6 +155,19 @@ class TEEProtocol:
             rules.check_params(pipeline.rule_name, rule_params(pipeline))
         except ValueError as e:
             raise ProtocolError(str(e)) from None
+
+    def preflight(self, n: int, pipeline: Any, *, dim: int) -> None:
+        """Config-time check for rounds of ``n`` messages of ``dim`` coordinates: the rule, and
+        N <= d — the enclave's noise vectors R_i are pairwise equidistant, built from N orthogonal
+        directions of R^d, so a round with more clients than coordinates cannot be encoded and
+        would be skipped (raises ProtocolError naming both)."""
+        self.check(pipeline)
+        if n > dim:
+            raise ProtocolError(
+                f"tee: {n} clients per round but messages of only {dim} coordinates; the enclave's noise "
+                f"needs N <= d (N orthogonal directions in R^d). Use a model with at least {n} parameters "
+                "or fewer clients per round"
+            )
 
     def aggregate(self, messages: list[Message], pipeline: Any, ctx: RoundContext) -> Aggregate:
         self.check(pipeline)
