@@ -226,7 +226,7 @@ def privacy_epsilon(
     neighboring: Annotated[Optional[str], typer.Option("--neighboring", help="add_or_remove_one | replace_one")] = None,
 ) -> None:
     """ε of T rounds of the sampled Gaussian mechanism, by the RDP and PLD accountants."""
-    from fedsafe.privacy.accounting import epsilon_table, format_epsilon_table
+    from fedsafe.privacy.dp.accounting import epsilon_table, format_epsilon_table
 
     try:
         table = epsilon_table(z, q, rounds, delta, sampling, num_clients, sample_size=sample_size, neighboring=neighboring)
@@ -248,7 +248,7 @@ def privacy_calibrate(
     neighboring: Annotated[Optional[str], typer.Option("--neighboring")] = None,
 ) -> None:
     """The smallest noise multiplier z whose ε after T rounds is at most the target."""
-    from fedsafe.privacy.accounting import calibration_report, format_calibration
+    from fedsafe.privacy.dp.accounting import calibration_report, format_calibration
 
     try:
         report = calibration_report(
@@ -274,7 +274,7 @@ def privacy_spectrum(
 
     from fedsafe.config import load
     from fedsafe.data import load_federated
-    from fedsafe.engine.streams import torch_stream
+    from fedsafe.core.streams import torch_stream
     from fedsafe.models import build_model, flatten_params
     from fedsafe.privacy.inherent.figures import figure_spectrum, spectrum_curves, user_gradients
 

@@ -23,16 +23,16 @@ from typing import Any, Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from fedsafe.audit.plugin import AuditConfig
+from fedsafe.audit.config import AuditConfig
 from fedsafe.core.errors import ConfigError
 from fedsafe.data.config import DataConfig
 from fedsafe.models.config import ModelConfig
-from fedsafe.privacy.dp_config import DPConfig
-from fedsafe.privacy.he.protocol import HEConfig
-from fedsafe.privacy.inherent.engine import InherentConfig
+from fedsafe.privacy.dp.config import DPConfig
+from fedsafe.privacy.he.config import HEConfig
+from fedsafe.privacy.inherent.config import InherentConfig
 from fedsafe.privacy.secagg.config import SecAggConfig
-from fedsafe.privacy.tee.protocol import TEEConfig
-from fedsafe.registry import RegistryError
+from fedsafe.privacy.tee.config import TEEConfig
+from fedsafe.core.registry import RegistryError
 from fedsafe.robust.aggregators import AGGREGATORS
 from fedsafe.robust.attacks import ATTACKS
 from fedsafe.robust.preaggregators import PREAGGREGATORS

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fedsafe.audit import CanaryBank, CanaryTracker
-from fedsafe.engine.streams import torch_stream
+from fedsafe.core.streams import torch_stream
 
 
 def test_canary_regenerated_from_seed_and_id():

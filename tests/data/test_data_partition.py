@@ -16,8 +16,8 @@ from fedsafe.data.partition import (
     partition,
     shards,
 )
-from fedsafe.engine.streams import numpy_stream
-from fedsafe.registry import RegistryError
+from fedsafe.core.streams import numpy_stream
+from fedsafe.core.registry import RegistryError
 
 ALL = [
     ("iid", {}),

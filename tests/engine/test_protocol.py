@@ -2,8 +2,8 @@ import math
 
 import torch
 
-from fedsafe.engine.protocol import PlainProtocol, finite_rows
-from fedsafe.engine.types import Message, RoundContext
+from fedsafe.core.protocol import PlainProtocol, finite_rows
+from fedsafe.core.types import Message, RoundContext
 from fedsafe.robust.pipeline import RobustPipeline
 
 

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fedsafe.engine.streams import counter_uniform, numpy_stream, torch_stream
+from fedsafe.core.streams import counter_uniform, numpy_stream, torch_stream
 
 
 def test_numpy_stream_is_pure_function_of_identity():

@@ -14,8 +14,8 @@ from dp_accounting import pld, rdp
 from scipy import optimize
 from scipy.stats import norm
 
-from fedsafe.privacy import accounting
-from fedsafe.privacy.accounting import (
+from fedsafe.privacy.dp import accounting
+from fedsafe.privacy.dp.accounting import (
     RDP_ORDERS,
     Accountant,
     UnsupportedAccountingError,

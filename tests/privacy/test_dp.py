@@ -1,4 +1,4 @@
-"""DP-FedAvg building blocks (fedsafe.privacy.dp) and the [dp] config, against numpy, hand
+"""DP-FedAvg building blocks (fedsafe.privacy.dp.mechanisms) and the [dp] config, against numpy, hand
 computations and empirical noise statistics."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from fedsafe.privacy import accounting
-from fedsafe.privacy.dp import (
+from fedsafe.privacy.dp import accounting
+from fedsafe.privacy.dp.mechanisms import (
     adaptive_clip_split,
     client_noise,
     clip_updates,
@@ -24,7 +24,7 @@ from fedsafe.privacy.dp import (
     unclipped_indicator,
     update_clip,
 )
-from fedsafe.privacy.dp_config import DPConfig
+from fedsafe.privacy.dp.config import DPConfig
 
 
 def _gen(seed: int = 0) -> torch.Generator:

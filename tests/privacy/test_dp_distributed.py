@@ -18,10 +18,10 @@ from scipy.stats import norm
 from fedsafe.config import apply_overrides, validate
 from fedsafe.engine.federation import Federation
 from fedsafe.engine.metrics import read_metrics
-from fedsafe.engine.protocol import PlainProtocol
+from fedsafe.core.protocol import PlainProtocol
 from fedsafe.engine.run import run_experiment
-from fedsafe.engine.types import Message, RoundContext
-from fedsafe.privacy import accounting
+from fedsafe.core.types import Message, RoundContext
+from fedsafe.privacy.dp import accounting
 from fedsafe.robust.pipeline import RobustPipeline
 
 DELTA = 1e-5

@@ -12,7 +12,7 @@ from fedsafe.config import ConfigError, apply_overrides, validate
 from fedsafe.engine.federation import Federation
 from fedsafe.engine.metrics import read_metrics
 from fedsafe.engine.run import run_experiment
-from fedsafe.engine.types import Aggregate, RoundContext
+from fedsafe.core.types import Aggregate, RoundContext
 
 
 def cfg(**over):

@@ -16,7 +16,7 @@ import math
 import numpy as np
 import torch
 
-from fedsafe.engine.streams import torch_stream
+from fedsafe.core.streams import torch_stream
 
 
 def _np(x) -> np.ndarray:

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedsafe.registry import RegistryError
-from fedsafe.robust import distances
+from fedsafe.core.registry import RegistryError
+from fedsafe.robust import distances, krum
 from fedsafe.robust.aggregators import AGGREGATORS
 
 try:
@@ -113,9 +113,9 @@ def test_krum_ties_go_to_lowest_index():
     # 1-D points 0..4, f = 1: scores sum the n - f - 2 = 2 nearest: 5, 2, 2, 2, 5.
     x = torch.arange(5, dtype=torch.float32)[:, None]
     d2 = distances.pairwise_sq_distances(x)
-    assert distances.krum_scores(d2, 1).tolist() == [5, 2, 2, 2, 5]
-    assert distances.krum_select(d2, 1) == 1
-    assert distances.multi_krum_select(d2, 1, 2).tolist() == [1, 2]
+    assert krum.krum_scores(d2, 1).tolist() == [5, 2, 2, 2, 5]
+    assert krum.krum_select(d2, 1) == 1
+    assert krum.multi_krum_select(d2, 1, 2).tolist() == [1, 2]
     assert AGGREGATORS.get("krum")(x.flip(0), f=1).item() == 3  # reversed: index 1 holds 3
 
 
@@ -137,10 +137,10 @@ def test_distance_selections_match_naive(kind, n, f):
     assert d2_32.dtype == torch.float32 and torch.all(torch.diagonal(d2_32) == 0)
     np.testing.assert_allclose(d2_32.double().numpy(), d2.numpy(), rtol=1e-5, atol=1e-3)
     if kind == "ties":  # exact ties: the index choices themselves must agree
-        assert distances.krum_select(d2, f) == naive.krum_index(x64, f)
-        assert distances.multi_krum_select(d2, f).tolist() == naive.multi_krum_indices(x64, f)
+        assert krum.krum_select(d2, f) == naive.krum_index(x64, f)
+        assert krum.multi_krum_select(d2, f).tolist() == naive.multi_krum_indices(x64, f)
         if n >= 4 * f + 3:
-            assert distances.bulyan_select(d2, f).tolist() == naive.bulyan_indices(x64, f)
+            assert krum.bulyan_select(d2, f).tolist() == naive.bulyan_indices(x64, f)
     mix = distances.nnm_mixing(d2, f)
     np.testing.assert_allclose(mix.sum(dim=1).numpy(), 1.0)
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy.stats import norm
 
-from fedsafe.registry import RegistryError
+from fedsafe.core.registry import RegistryError
 from fedsafe.robust.attacks import (
     ATTACKS,
     LABEL_TRANSFORMS,

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from fedsafe.robust import distances
-from fedsafe.robust.aggregators import AGGREGATORS, average_rows, mean_around_median
+from fedsafe.robust import distances, krum
+from fedsafe.robust.aggregators import AGGREGATORS, mean_around_median
+from fedsafe.robust.rows import average_rows
 from fedsafe.robust.mixing import mix
 from fedsafe.robust.preaggregators import PREAGGREGATORS
 
@@ -42,7 +43,7 @@ def test_offset_krum_picks_what_exact_krum_picks():
         want = naive.krum_index(x.double().numpy(), F)
         assert want not in byz  # the data are what the docstring says
         d2 = distances.pairwise_sq_distances(x)
-        assert distances.krum_select(d2, F) == want, f"trial {seed}"
+        assert krum.krum_select(d2, F) == want, f"trial {seed}"
         assert torch.equal(AGGREGATORS.get("krum")(x, f=F), x[want])
 
 
@@ -51,9 +52,9 @@ def test_offset_selections_match_exact():
         x, _ = _offset_rows(seed)
         x64 = x.double().numpy()
         d2 = distances.pairwise_sq_distances(x)
-        assert distances.multi_krum_select(d2, F).tolist() == naive.multi_krum_indices(x64, F), seed
-        assert distances.multi_krum_select(d2, F, 4).tolist() == naive.multi_krum_indices(x64, F, 4), seed
-        assert distances.bulyan_select(d2, F).tolist() == naive.bulyan_indices(x64, F), seed
+        assert krum.multi_krum_select(d2, F).tolist() == naive.multi_krum_indices(x64, F), seed
+        assert krum.multi_krum_select(d2, F, 4).tolist() == naive.multi_krum_indices(x64, F, 4), seed
+        assert krum.bulyan_select(d2, F).tolist() == naive.bulyan_indices(x64, F), seed
         w = distances.nnm_mixing(d2, F)
         got = [set(torch.nonzero(row).flatten().tolist()) for row in w]
         assert got == [set(nb) for nb in naive.nnm_neighbours(x64, F)], seed

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedsafe.registry import RegistryError
+from fedsafe.core.registry import RegistryError
 from fedsafe.robust.aggregators import AGGREGATORS
 from fedsafe.robust.preaggregators import PREAGGREGATORS
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import grad
 
-from fedsafe.engine.types import RoundContext
+from fedsafe.core.types import RoundContext
 from fedsafe.zo import (
     ZODecoder,
     ZOSettings,

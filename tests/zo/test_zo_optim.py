@@ -8,7 +8,9 @@ import math
 import pytest
 import torch
 
-from fedsafe.zo import EMA, Adam, AdamState, clip_inf
+from fedsafe.engine.adam import Adam, AdamState
+from fedsafe.engine.ema import EMA
+from fedsafe.zo import clip_inf
 
 
 @pytest.mark.parametrize("weight_decay", [0.0, 5e-4, 0.1])

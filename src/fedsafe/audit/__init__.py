@@ -12,56 +12,37 @@
 - :mod:`~fedsafe.audit.figures`: histogram of canary cosines against the null.
 """
 
-from fedsafe.audit.analytic import (
-    analytic_gaussian_delta,
-    analytic_gaussian_epsilon,
-    calibrate_analytic_gaussian,
-    gdp_delta,
-    gdp_epsilon,
-)
-from fedsafe.audit.canaries import CanaryBank, CanaryTracker
-from fedsafe.audit.distributions import CosineNull, Normal
-from fedsafe.audit.estimators import (
-    DEFAULT_ESTIMATOR,
-    audit_summary,
-    clopper_pearson_upper,
-    empirical_lower_bound,
-    equal_variance_epsilon,
-    equal_variance_mu,
-    held_out_lower_bound,
-    jeffreys_upper,
-    likelihood_ratio_epsilon,
-    threshold_epsilon,
-)
-from fedsafe.audit.figures import histogram_figure, plot_histogram
-from fedsafe.audit.gaussian import PAPER_TABLE1, format_table1, gaussian_table1
-from fedsafe.audit.observer import AuditResult, CanaryAudit
 
-__all__ = [
-    "DEFAULT_ESTIMATOR",
-    "PAPER_TABLE1",
-    "AuditResult",
-    "CanaryAudit",
-    "CanaryBank",
-    "CanaryTracker",
-    "CosineNull",
-    "Normal",
-    "analytic_gaussian_delta",
-    "analytic_gaussian_epsilon",
-    "audit_summary",
-    "calibrate_analytic_gaussian",
-    "clopper_pearson_upper",
-    "empirical_lower_bound",
-    "equal_variance_epsilon",
-    "equal_variance_mu",
-    "format_table1",
-    "gaussian_table1",
-    "gdp_delta",
-    "gdp_epsilon",
-    "held_out_lower_bound",
-    "histogram_figure",
-    "jeffreys_upper",
-    "likelihood_ratio_epsilon",
-    "plot_histogram",
-    "threshold_epsilon",
-]
+from fedsafe.core.lazy import lazy_exports
+
+# Public names -> the submodule defining each, imported on first use (fedsafe.core.lazy).
+_EXPORTS = {
+    "AuditResult": "observer",
+    "CanaryAudit": "observer",
+    "CanaryBank": "canaries",
+    "CanaryTracker": "canaries",
+    "CosineNull": "distributions",
+    "DEFAULT_ESTIMATOR": "estimators",
+    "Normal": "distributions",
+    "PAPER_TABLE1": "gaussian",
+    "analytic_gaussian_delta": "analytic",
+    "analytic_gaussian_epsilon": "analytic",
+    "audit_summary": "estimators",
+    "calibrate_analytic_gaussian": "analytic",
+    "clopper_pearson_upper": "estimators",
+    "empirical_lower_bound": "estimators",
+    "equal_variance_epsilon": "estimators",
+    "equal_variance_mu": "estimators",
+    "format_table1": "gaussian",
+    "gaussian_table1": "gaussian",
+    "gdp_delta": "analytic",
+    "gdp_epsilon": "analytic",
+    "held_out_lower_bound": "estimators",
+    "histogram_figure": "figures",
+    "jeffreys_upper": "estimators",
+    "likelihood_ratio_epsilon": "estimators",
+    "plot_histogram": "figures",
+    "threshold_epsilon": "estimators",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedsafe.engine.streams import numpy_stream, torch_stream
+from fedsafe.core.streams import numpy_stream, torch_stream
 
 __all__ = ["CanaryBank", "CanaryTracker"]
 

@@ -37,7 +37,7 @@ from fedsafe.audit.analytic import calibrate_analytic_gaussian, gdp_epsilon
 from fedsafe.audit.canaries import CanaryBank
 from fedsafe.audit.distributions import Normal
 from fedsafe.audit.estimators import threshold_epsilon
-from fedsafe.engine.streams import numpy_stream, torch_stream
+from fedsafe.core.streams import numpy_stream, torch_stream
 
 __all__ = ["PAPER_TABLE1", "TrialStats", "format_table1", "gaussian_table1", "trial_stats"]
 

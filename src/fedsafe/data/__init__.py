@@ -9,18 +9,18 @@ channel with training-split statistics. Every random draw comes from a named str
 ``seed``. Configuration is :class:`DataConfig`, the ``[data]`` section of an experiment.
 """
 
-from fedsafe.data.config import DataConfig
-from fedsafe.data.dataset import FederatedDataset
-from fedsafe.data.errors import DataFormatError, UnsafePickleError
-from fedsafe.data.loader import load_federated
-from fedsafe.data.partition import PARTITIONERS, partition
 
-__all__ = [
-    "DataConfig",
-    "DataFormatError",
-    "FederatedDataset",
-    "PARTITIONERS",
-    "UnsafePickleError",
-    "load_federated",
-    "partition",
-]
+from fedsafe.core.lazy import lazy_exports
+
+# Public names -> the submodule defining each, imported on first use (fedsafe.core.lazy).
+_EXPORTS = {
+    "DataConfig": "config",
+    "DataFormatError": "errors",
+    "FederatedDataset": "dataset",
+    "PARTITIONERS": "partition",
+    "UnsafePickleError": "errors",
+    "load_federated": "loader",
+    "partition": "partition",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

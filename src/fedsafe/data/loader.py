@@ -34,8 +34,8 @@ from fedsafe.data.partition import partition
 from fedsafe.data.split import random_subset, split_count, stratified_split, subset_keeping_groups
 from fedsafe.data.synthetic import generate_synthetic
 from fedsafe.data.transforms import channel_stats, resize_images, standardise
-from fedsafe.engine.streams import numpy_stream
-from fedsafe.registry import Registry
+from fedsafe.core.streams import numpy_stream
+from fedsafe.core.registry import Registry
 
 
 @dataclass

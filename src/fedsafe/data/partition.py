@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from fedsafe.registry import Registry
+from fedsafe.core.registry import Registry
 
 Partitioner = Callable[..., list[np.ndarray]]
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedsafe.engine.streams import numpy_stream
+from fedsafe.core.streams import numpy_stream
 
 SIZE_SIGMA = 1.0
 MIN_SAMPLES = 2

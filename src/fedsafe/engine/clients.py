@@ -30,7 +30,7 @@ from torch import Tensor
 
 from fedsafe.config import ClientsConfig
 from fedsafe.data import FederatedDataset
-from fedsafe.engine.streams import counter_uniform
+from fedsafe.core.streams import counter_uniform
 
 
 def draw_batches(
@@ -150,7 +150,7 @@ class ClientWork:
         if self.cfg.algorithm == "fedavg":
             return -aggregate
         if self.cfg.gradient == "zeroth_order":
-            from fedsafe.engine.types import RoundContext
+            from fedsafe.core.types import RoundContext
             from fedsafe.zo import ZODecoder, clip_inf
 
             dim = self.backend.layout.dim
@@ -178,7 +178,7 @@ class ClientWork:
     ) -> LocalResult:
         cfg = self.cfg
         if cfg.algorithm == "inherent":
-            from fedsafe.privacy.inherent.engine import inherent_updates
+            from fedsafe.privacy.inherent.plugin import inherent_updates
 
             icfg, sigma2 = self.inherent
             updates, norms = inherent_updates(

@@ -23,13 +23,13 @@ from fedsafe.data import FederatedDataset, load_federated
 from fedsafe.engine.backends import make_backend
 from fedsafe.engine.clients import ClientWork
 from fedsafe.engine.metrics import MetricsWriter, summarize
-from fedsafe.engine.plugins import Plugin
-from fedsafe.engine.protocol import ProtocolError, make_protocol
+from fedsafe.core.plugins import Plugin
+from fedsafe.core.protocol import ProtocolError, make_protocol
 from fedsafe.engine.sampling import byzantine_ids, sample_clients
 from fedsafe.engine.server_optimizer import ServerAdam, ServerSGD
 from fedsafe.engine.state import CHECKPOINT, FederationState, load_checkpoint, save_checkpoint
-from fedsafe.engine.streams import torch_stream
-from fedsafe.engine.types import Message, RoundContext
+from fedsafe.core.streams import torch_stream
+from fedsafe.core.types import Message, RoundContext
 from fedsafe.models import ParamLayout, build_model, flatten_params
 from fedsafe.robust.attacks import ATTACKS, LABEL_TRANSFORMS, AttackContext
 from fedsafe.robust.pipeline import RobustPipeline
@@ -97,7 +97,7 @@ class Federation:
         self.server = self.work.server_optimizer(self.server)  # zeroth-order FedSGD: client momentum
         self.plugins = list(plugins)
         if cfg.inherent is not None:
-            from fedsafe.privacy.inherent.engine import InherentPlugin
+            from fedsafe.privacy.inherent.plugin import InherentPlugin
 
             sizes = [len(ix) for ix in self.data.client_indices]
             d_min = min(sizes) if cfg.inherent.max_records is None else min(min(sizes), cfg.inherent.max_records)
@@ -108,7 +108,7 @@ class Federation:
             self.work.inherent = (cfg.inherent, plug.sigma2)
             self.plugins.append(plug)
         if cfg.dp.enabled:
-            from fedsafe.privacy.dp_plugin import DPPlugin
+            from fedsafe.privacy.dp.plugin import DPPlugin
 
             c = cfg.clients
             try:
@@ -143,7 +143,7 @@ class Federation:
         self._preflight_protocol(dim)
         self.ema = None
         if cfg.server.ema is not None:
-            from fedsafe.zo.ema import EMA
+            from fedsafe.engine.ema import EMA
 
             self.ema = EMA(cfg.server.ema, warmup=True, params=params)
 

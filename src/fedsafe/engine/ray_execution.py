@@ -52,7 +52,7 @@ def _worker_work(cfg_toml: str, data_box: list[Any]) -> ClientWork:
     if work is None:
         from fedsafe.config import parse_toml, validate
         from fedsafe.engine.backends import make_backend
-        from fedsafe.engine.streams import torch_stream
+        from fedsafe.core.streams import torch_stream
         from fedsafe.models import ParamLayout, build_model
 
         cfg = validate(parse_toml(cfg_toml))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedsafe.engine.streams import numpy_stream
+from fedsafe.core.streams import numpy_stream
 
 
 def byzantine_ids(seed: int, num_clients: int, f: int) -> frozenset[int]:

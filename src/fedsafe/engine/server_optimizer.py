@@ -49,7 +49,7 @@ class ServerAdam:
     weight_decay: float = 0.0
 
     def step(self, params: Tensor, direction: Tensor, buf: dict | None) -> tuple[Tensor, dict]:
-        from fedsafe.zo.adam import Adam, AdamState
+        from fedsafe.engine.adam import Adam, AdamState
 
         adam = Adam(self.lr, tuple(self.betas), self.eps, self.weight_decay)
         state = None if buf is None else AdamState(buf["m"], buf["v"], int(buf["t"]))

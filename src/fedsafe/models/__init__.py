@@ -9,20 +9,20 @@ Models output logits; train them with cross-entropy (= SABLE's log-softmax + NLL
 Parameters are drawn from an explicit ``torch.Generator`` (:func:`init_parameters`).
 """
 
-from fedsafe.models.build import MODELS, build_model, count_parameters
-from fedsafe.models.config import ModelConfig
-from fedsafe.models.initialization import init_parameters
-from fedsafe.models.params import ParamLayout, flatten_params
-from fedsafe.models.saved import load_trained, save_trained
 
-__all__ = [
-    "MODELS",
-    "ModelConfig",
-    "ParamLayout",
-    "build_model",
-    "count_parameters",
-    "flatten_params",
-    "init_parameters",
-    "load_trained",
-    "save_trained",
-]
+from fedsafe.core.lazy import lazy_exports
+
+# Public names -> the submodule defining each, imported on first use (fedsafe.core.lazy).
+_EXPORTS = {
+    "MODELS": "build",
+    "ModelConfig": "config",
+    "ParamLayout": "params",
+    "build_model": "build",
+    "count_parameters": "build",
+    "flatten_params": "params",
+    "init_parameters": "initialization",
+    "load_trained": "saved",
+    "save_trained": "saved",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -18,7 +18,7 @@ from fedsafe.models.architectures import (
 )
 from fedsafe.models.config import LENET_CHANNELS, ModelConfig
 from fedsafe.models.initialization import init_parameters
-from fedsafe.registry import Registry
+from fedsafe.core.registry import Registry
 
 Builder = Callable[[ModelConfig, tuple[int, ...], int], nn.Module]
 

@@ -23,31 +23,18 @@ import math
 import torch
 from torch import Tensor
 
-from fedsafe.robust.requirements import require as _require
+from fedsafe.robust.rows import average_rows, require as _require
+from fedsafe.robust.rows import check_matrix as _check_matrix
 
-from fedsafe.engine.streams import torch_stream
-from fedsafe.registry import Registry
-from fedsafe.robust.distances import (
-    bulyan_select,
-    krum_select,
-    multi_krum_select,
-    pairwise_sq_distances,
-    weiszfeld_weights,
-)
+from fedsafe.core.streams import torch_stream
+from fedsafe.core.registry import Registry
+from fedsafe.robust.distances import pairwise_sq_distances, weiszfeld_weights
+from fedsafe.robust.krum import bulyan_select, krum_select, multi_krum_select
+from fedsafe.robust.filters import cosine_filter, norm_filter
 from fedsafe.robust.selection import coordinate_median, coordinate_trimmed_mean
 
 AGGREGATORS: Registry = Registry("aggregation rule", reserved=("f", "previous"))
 
-
-def _check_matrix(updates: Tensor, name: str) -> int:
-    if updates.ndim != 2:
-        raise ValueError(f"{name}: updates must be a 2-D (n, d) tensor, got shape {tuple(updates.shape)}")
-    n = updates.shape[0]
-    if n == 0:
-        raise ValueError(f"{name}: no updates to aggregate")
-    if not updates.is_floating_point():
-        raise ValueError(f"{name}: updates must be floating point, got {updates.dtype}")
-    return n
 
 
 
@@ -86,13 +73,6 @@ def mean_around_median(sorted_vals: Tensor, k: int) -> Tensor:
     inside = (rank >= start) & (rank < start + k)
     return torch.where(inside, sorted_vals, 0).sum(dim=0) / k
 
-
-def average_rows(updates: Tensor, rows: Tensor) -> Tensor:
-    """Mean of the selected rows (index or boolean tensor) as one matrix-vector product with
-    weights 1/|rows| on them and 0 elsewhere: no copy of the selected (m, d) block."""
-    w = torch.zeros(updates.shape[0], dtype=updates.dtype, device=updates.device)
-    w[rows.to(updates.device)] = 1.0
-    return (w / w.sum()) @ updates
 
 
 def _clip_factors(norms: Tensor, tau: Tensor | float) -> Tensor:
@@ -151,7 +131,7 @@ def bulyan(updates: Tensor, *, f: int) -> Tensor:
     """Bulyan (El Mhamdi, Guerraoui, Rouault 2018) over Krum.
 
     1. Select ``θ = n − 2f`` updates by Krum applied repeatedly to the not-yet-selected set
-       (``distances.bulyan_select``).
+       (``krum.bulyan_select``).
     2. Per coordinate, average the ``β = θ − 2f`` selected values closest to the selected
        values' median (ties at equal distance prefer values below the median).
 
@@ -398,9 +378,7 @@ def signguard(
     return w.to(device=updates.device, dtype=updates.dtype) @ updates
 
 
-# Norm and cosine filters: defined with the TEE subsystem (which runs them on decoded Gram
-# matrices), registered here so plaintext runs and the TEE protocol share one implementation.
-from fedsafe.privacy.tee.filters import cosine_filter, norm_filter  # noqa: E402
-
+# Norm and cosine filters need only the Gram matrix, so the TEE runs the same selections on
+# decoded Gram matrices (fedsafe.robust.filters).
 AGGREGATORS.register("norm_filter")(norm_filter)
 AGGREGATORS.register("cosine_filter")(cosine_filter)

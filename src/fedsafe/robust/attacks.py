@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from fedsafe.registry import Registry
+from fedsafe.core.registry import Registry
 
 ATTACKS: Registry = Registry("attack", reserved=("ctx",))
 

@@ -1,9 +1,9 @@
 """Pairwise squared distances and the selections that need nothing but them.
 
-Distance-based rules (Krum, Multi-Krum, Bulyan's selection, NNM's mixing, the geometric median's
-Weiszfeld weights) are split in two: ``pairwise_sq_distances`` turns the ``(n, d)`` updates into
-an ``(n, n)`` matrix ``D`` with ``D_ij = ‖x_i − x_j‖²``, and the functions below work from ``D``
-alone. The TEE subsystem decodes ``D`` itself (the untrusted accelerator never sees updates) and
+Distance-based rules (Krum, Multi-Krum, Bulyan's selection in :mod:`fedsafe.robust.krum`; NNM's
+mixing and the geometric median's Weiszfeld weights below) are split in two:
+``pairwise_sq_distances`` turns the ``(n, d)`` updates into an ``(n, n)`` matrix ``D`` with
+``D_ij = ‖x_i − x_j‖²``, and the selections work from ``D`` alone. The TEE subsystem decodes ``D`` itself (the untrusted accelerator never sees updates) and
 calls the same selection functions, so plaintext and TEE runs select identically.
 
 Precision: ``D`` comes from a Gram expansion, whose rounding error is relative to the squared
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedsafe.robust.requirements import require as _require
+from fedsafe.robust.rows import require as _require
 
 # One converted or centred block of columns (n rows x B columns) is about this many bytes; it
 # bounds the extra memory whatever n and d are. Each block costs two parallel regions (the
@@ -44,7 +44,7 @@ _PROBE_RUN = 32
 
 
 
-def _check_d2(d2: Tensor, rule: str) -> int:
+def check_d2(d2: Tensor, rule: str) -> int:
     if d2.ndim != 2 or d2.shape[0] != d2.shape[1]:
         raise ValueError(
             f"{rule}: squared distances must be a square (n, n) matrix, got shape {tuple(d2.shape)}"
@@ -171,71 +171,11 @@ def pairwise_sq_distances(updates: Tensor, *, dtype: torch.dtype | None = None) 
     return d2.to(dtype or updates.dtype)
 
 
-def _krum_scores_k(d2: Tensor, k: int) -> Tensor:
-    """Σ of the k smallest off-diagonal entries of each row, summed smallest first."""
-    others = d2.clone()
-    others.fill_diagonal_(float("inf"))
-    return torch.sort(others, dim=1).values[:, :k].sum(dim=1)
-
-
-def krum_scores(d2: Tensor, f: int) -> Tensor:
-    """Krum scores: ``s_i = Σ_{j ∈ N_i} D_ij`` over the ``n − f − 2`` nearest *other* updates
-    ``N_i`` (Blanchard et al., 2017). Requires ``n ≥ 2f + 3`` (at least one neighbour)."""
-    n = _check_d2(d2, "krum")
-    _require("krum", n, f, n >= 2 * f + 3, "n >= 2f + 3")
-    return _krum_scores_k(d2, n - f - 2)
-
-
-def krum_select(d2: Tensor, f: int) -> int:
-    """Index of the update with the lowest Krum score; ties go to the lowest index.
-    Requires ``n ≥ 2f + 3``."""
-    return int(torch.argmin(krum_scores(d2, f)))  # argmin returns the first minimum
-
-
-def multi_krum_select(d2: Tensor, f: int, m: int | None = None) -> Tensor:
-    """Indices of the ``m`` updates with the lowest Krum scores (default ``m = n − f``), in
-    increasing score order, ties by lowest index. Requires ``n ≥ 2f + 3`` and ``1 ≤ m ≤ n``."""
-    n = _check_d2(d2, "multi_krum")
-    _require("multi_krum", n, f, n >= 2 * f + 3, "n >= 2f + 3")
-    m = n - f if m is None else m
-    if not isinstance(m, int) or isinstance(m, bool) or not 1 <= m <= n:
-        raise ValueError(f"multi_krum: m must be an integer in [1, n={n}], got m={m!r}")
-    scores = _krum_scores_k(d2, n - f - 2)
-    return torch.sort(scores, stable=True).indices[:m]
-
-
-def bulyan_select(d2: Tensor, f: int) -> Tensor:
-    """Bulyan's selection phase (El Mhamdi et al., 2018): ``θ = n − 2f`` indices chosen one at a
-    time by Krum on the not-yet-selected set, returned in selection order.
-
-    With ``r`` updates remaining, Krum sums the squared distances to the
-    ``max(r − f − 2, 1)`` nearest other remaining updates (the paper keeps f fixed while the set
-    shrinks, so the last two rounds, r = 2f + 2 and 2f + 1, would otherwise have fewer than one
-    neighbour); the last remaining update, when r = 1, is taken as is. Ties by lowest index.
-    Requires ``n ≥ 4f + 3``.
-    """
-    n = _check_d2(d2, "bulyan")
-    _require("bulyan", n, f, n >= 4 * f + 3, "n >= 4f + 3")
-    theta = n - 2 * f
-    remaining = torch.arange(n, device=d2.device)
-    chosen = []
-    for _ in range(theta):  # θ ≤ n rounds, each O(r² log r) on the (r, r) sub-matrix
-        r = remaining.numel()
-        if r == 1:
-            pick = 0
-        else:
-            sub = d2.index_select(0, remaining).index_select(1, remaining)
-            pick = int(torch.argmin(_krum_scores_k(sub, max(r - f - 2, 1))))
-        chosen.append(remaining[pick])
-        remaining = torch.cat([remaining[:pick], remaining[pick + 1 :]])
-    return torch.stack(chosen)
-
-
 def nnm_mixing(d2: Tensor, f: int) -> Tensor:
     """NNM's row-stochastic mixing matrix (Allouah et al., 2023): ``W_ij = 1/(n − f)`` if ``j``
     is one of the ``n − f`` nearest neighbours of ``i`` (``i`` itself always included, then the
     others by distance, ties by lowest index), else 0. Requires ``n > 2f``."""
-    n = _check_d2(d2, "nnm")
+    n = check_d2(d2, "nnm")
     _require("nnm", n, f, 2 * f < n, "n > 2f")
     keyed = d2.clone()
     keyed.fill_diagonal_(-1.0)  # self first even if a duplicate of lower index is also at 0
@@ -257,7 +197,7 @@ def weiszfeld_weights(
     distances follow from ``D`` alone:
     ``‖z − x_i‖² = Σ_j α_j D_ij − ½ Σ_jk α_j α_k D_jk`` (clamped at 0).
     """
-    n = _check_d2(d2, "geometric_median")
+    n = check_d2(d2, "geometric_median")
     if not eps > 0 or not tol >= 0 or not (isinstance(max_iter, int) and max_iter >= 1):
         raise ValueError(
             "geometric_median: needs eps > 0, tol >= 0, integer max_iter >= 1; "

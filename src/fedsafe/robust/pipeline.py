@@ -7,7 +7,7 @@ from typing import Any
 
 from torch import Tensor
 
-from fedsafe.engine.streams import torch_stream
+from fedsafe.core.streams import torch_stream
 from fedsafe.robust.aggregators import AGGREGATORS
 from fedsafe.robust.preaggregators import PREAGGREGATORS
 

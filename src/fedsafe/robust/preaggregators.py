@@ -13,24 +13,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fedsafe.robust.requirements import require as _require
+from fedsafe.robust.rows import check_matrix as _check_matrix
+from fedsafe.robust.rows import require as _require
 
-from fedsafe.registry import Registry
+from fedsafe.core.registry import Registry
 from fedsafe.robust.mixing import mix
 from fedsafe.robust.distances import nnm_mixing, pairwise_sq_distances
 
 PREAGGREGATORS: Registry = Registry("pre-aggregator", reserved=("f", "generator"))
 
-
-def _check_matrix(updates: Tensor, name: str) -> int:
-    if updates.ndim != 2:
-        raise ValueError(f"{name}: updates must be a 2-D (n, d) tensor, got shape {tuple(updates.shape)}")
-    n = updates.shape[0]
-    if n == 0:
-        raise ValueError(f"{name}: no updates")
-    if not updates.is_floating_point():
-        raise ValueError(f"{name}: updates must be floating point, got {updates.dtype}")
-    return n
 
 
 

@@ -50,6 +50,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedsafe.robust.rows import check_matrix
+
 try:  # optional at runtime: without numba everything uses the torch.sort reference
     from numba import njit
 except ImportError:  # pragma: no cover - exercised only where numba is absent
@@ -277,20 +279,12 @@ def _as_numpy(updates: Tensor) -> np.ndarray:
     return updates.detach().resolve_neg().contiguous().numpy()
 
 
-def _check_matrix(updates: Tensor, name: str) -> int:
-    if updates.ndim != 2:
-        raise ValueError(f"{name}: updates must be a 2-D (n, d) tensor, got shape {tuple(updates.shape)}")
-    n = updates.shape[0]
-    if n == 0:
-        raise ValueError(f"{name}: no updates to aggregate")
-    return n
-
 
 def coordinate_median(updates: Tensor) -> Tensor:
     """Coordinate-wise median over dim 0: for each coordinate j the middle order statistic
     x_(m+1),j (n = 2m + 1), or (x_(m),j + x_(m+1),j) / 2 in the input dtype (n = 2m).
     Inputs must be finite."""
-    n = _check_matrix(updates, "coordinate_median")
+    n = check_matrix(updates, "coordinate_median", floating=False)
     if n == 1:
         return updates[0].clone()
     if not _use_kernel(updates):
@@ -305,7 +299,7 @@ def coordinate_trimmed_mean(updates: Tensor, f: int) -> Tensor:
     """Mean of the values ranked f .. n-f-1 in every coordinate (needs n > 2f):
     (1 / (n - 2f)) Σ_{r=f+1}^{n-f} x_(r),j. Summed in float64, returned in the input dtype.
     Inputs must be finite."""
-    n = _check_matrix(updates, "coordinate_trimmed_mean")
+    n = check_matrix(updates, "coordinate_trimmed_mean", floating=False)
     if not 0 <= 2 * f < n:
         raise ValueError(f"trimmed mean needs n > 2f, got n={n}, f={f}")
     if not _use_kernel(updates):

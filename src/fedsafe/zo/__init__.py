@@ -9,51 +9,38 @@
   scalars; the server decodes the aggregate), ``DecodedMomentum`` (client momentum and weight
   decay, on the decoded direction).
 - :mod:`~fedsafe.zo.local`: ``zo_local_steps[_many]`` (FedAvg mode, message = model delta).
-- BAFFLE's training guidelines: ``Adam`` (server optimizer), ``clip_inf``, ``EMA`` (evaluate
-  the moving average of the global model). Hardswish and GroupNorm are model options
+- BAFFLE's training guidelines: ``clip_inf`` here; the server's ``Adam`` and the ``EMA`` of the
+  global model it evaluates are server options (:mod:`fedsafe.engine.adam`, :mod:`fedsafe.engine.ema`). Hardswish and GroupNorm are model options
   (``ModelConfig(name="lenet", activation="hardswish", norm="group")``).
 
 K counts perturbed forward passes per client per round: the forward (twice-FD) scheme uses K
 directions and uploads K scalars; the central scheme uses K/2 ± pairs and uploads K/2.
 """
 
-from fedsafe.zo.adam import Adam, AdamState
-from fedsafe.zo.clip import clip_inf
-from fedsafe.zo.ema import EMA
-from fedsafe.zo.estimator import (
-    decode_scale,
-    estimate_gradient,
-    expected_cosine,
-    loss_differences,
-    loss_differences_many,
-    loss_differences_reference,
-    reconstruct,
-)
-from fedsafe.zo.fedsgd import DecodedMomentum, ZODecoder, ZOSettings, client_messages
-from fedsafe.zo.local import LocalZOResult, zo_local_steps, zo_local_steps_many
-from fedsafe.zo.perturbations import SCHEMES, PerturbationSource, num_directions, upload_bytes
 
-__all__ = [
-    "SCHEMES",
-    "EMA",
-    "Adam",
-    "AdamState",
-    "DecodedMomentum",
-    "LocalZOResult",
-    "PerturbationSource",
-    "ZODecoder",
-    "ZOSettings",
-    "clip_inf",
-    "client_messages",
-    "decode_scale",
-    "estimate_gradient",
-    "expected_cosine",
-    "loss_differences",
-    "loss_differences_many",
-    "loss_differences_reference",
-    "num_directions",
-    "reconstruct",
-    "upload_bytes",
-    "zo_local_steps",
-    "zo_local_steps_many",
-]
+from fedsafe.core.lazy import lazy_exports
+
+# Public names -> the submodule defining each, imported on first use (fedsafe.core.lazy).
+_EXPORTS = {
+    "DecodedMomentum": "fedsgd",
+    "LocalZOResult": "local",
+    "PerturbationSource": "perturbations",
+    "SCHEMES": "perturbations",
+    "ZODecoder": "fedsgd",
+    "ZOSettings": "fedsgd",
+    "client_messages": "fedsgd",
+    "clip_inf": "clip",
+    "decode_scale": "estimator",
+    "estimate_gradient": "estimator",
+    "expected_cosine": "estimator",
+    "loss_differences": "estimator",
+    "loss_differences_many": "estimator",
+    "loss_differences_reference": "estimator",
+    "num_directions": "perturbations",
+    "reconstruct": "estimator",
+    "upload_bytes": "perturbations",
+    "zo_local_steps": "local",
+    "zo_local_steps_many": "local",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

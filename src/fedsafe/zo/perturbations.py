@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from fedsafe.engine.streams import torch_stream
+from fedsafe.core.streams import torch_stream
 
 SCHEMES = ("forward", "central")
 

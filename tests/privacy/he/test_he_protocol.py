@@ -7,9 +7,9 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from fedsafe.engine.protocol import ProtocolError
-from fedsafe.engine.streams import numpy_stream
-from fedsafe.engine.types import Message, RoundContext
+from fedsafe.core.protocol import ProtocolError
+from fedsafe.core.streams import numpy_stream
+from fedsafe.core.types import Message, RoundContext
 from fedsafe.privacy.he import HEConfig, HEProtocol, HEProtocolError, Quantizer
 from fedsafe.robust.pipeline import RobustPipeline
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedsafe.engine.types import Message, RoundContext
+from fedsafe.core.types import Message, RoundContext
 from fedsafe.privacy.he import HEProtocol
 from fedsafe.privacy.he.emulator import emulate_digit_planes, emulate_trimmed_sum
 from fedsafe.privacy.he.params import band, plan_hts

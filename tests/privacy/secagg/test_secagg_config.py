@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from fedsafe.engine.protocol import ProtocolError
+from fedsafe.core.protocol import ProtocolError
 from fedsafe.privacy.secagg import SecAggConfig, SecAggError, default_k
 from fedsafe.privacy.secagg.fixedpoint import decode_mean, encode, word_dtype
 

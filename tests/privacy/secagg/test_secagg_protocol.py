@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from fedsafe.engine.protocol import PlainProtocol, ProtocolError
-from fedsafe.engine.types import Message, RoundContext
+from fedsafe.core.protocol import PlainProtocol, ProtocolError
+from fedsafe.core.types import Message, RoundContext
 from fedsafe.privacy.secagg import STAGES, SecAggConfig, SecAggError, SecAggProtocol
 from fedsafe.robust.pipeline import RobustPipeline
 

@@ -13,8 +13,8 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 import fedsafe.privacy.tee.client as client_module
 import fedsafe.privacy.tee.noise as noise_module
-from fedsafe.engine.protocol import ProtocolError
-from fedsafe.engine.types import Message, RoundContext
+from fedsafe.core.protocol import ProtocolError
+from fedsafe.core.types import Message, RoundContext
 from fedsafe.privacy.tee import AttestationError, TEEConfig, TEEProtocol
 from fedsafe.privacy.tee.client import TEEClient
 from fedsafe.privacy.tee.host import TEESession

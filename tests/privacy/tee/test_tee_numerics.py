@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedsafe.engine.types import Message, RoundContext
+from fedsafe.core.types import Message, RoundContext
 from fedsafe.privacy.tee import TEEConfig, TEEPrecisionWarning, TEEProtocol, estimated_relative_error
 from fedsafe.privacy.tee.numerics import RELIABLE, exact_sum, split_bits, split_gram
 

@@ -4,7 +4,7 @@ import multiprocessing as mp
 
 import torch
 
-from fedsafe.engine.types import Message, RoundContext
+from fedsafe.core.types import Message, RoundContext
 from fedsafe.privacy.tee import TEEConfig, TEEProtocol
 from fedsafe.privacy.tee.host import ProcessEndpoint
 from fedsafe.robust.aggregators import AGGREGATORS

@@ -7,13 +7,13 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from fedsafe.engine.protocol import ProtocolError
-from fedsafe.engine.types import Message, RoundContext
-from fedsafe.privacy.tee import (
-    COST_KEYS, TEEConfig, TEEProtocol, cosine_filter, cosine_filter_select, norm_filter, norm_filter_select,
-)
+from fedsafe.core.protocol import ProtocolError
+from fedsafe.core.types import Message, RoundContext
+from fedsafe.privacy.tee import COST_KEYS, TEEConfig, TEEProtocol
+from fedsafe.robust.filters import cosine_filter, cosine_filter_select, norm_filter, norm_filter_select
 from fedsafe.robust.aggregators import AGGREGATORS
-from fedsafe.robust.distances import multi_krum_select, pairwise_sq_distances
+from fedsafe.robust.distances import pairwise_sq_distances
+from fedsafe.robust.krum import multi_krum_select
 from fedsafe.robust.pipeline import RobustPipeline
 
 
@@ -150,7 +150,7 @@ def test_config_validation():
 
 
 def test_plaintext_filters_are_registrable_rules():
-    from fedsafe.registry import Registry
+    from fedsafe.core.registry import Registry
 
     reg = Registry("aggregation rule", reserved=("f", "previous"))
     reg.register("norm_filter")(norm_filter)

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import fedsafe.privacy.tee.accelerator as accelerator_module
-from fedsafe.engine.protocol import ProtocolError
-from fedsafe.engine.types import Message, RoundContext
+from fedsafe.core.protocol import ProtocolError
+from fedsafe.core.types import Message, RoundContext
 from fedsafe.privacy.tee import (
     AttestationError, IntegrityError, SimulatedPlatform, TEEConfig, TEEProtocol, measure, mi_bound_bits,
     noise_constant, noise_ratio_for_bits, noise_variance, verify_quote,

@@ -62,38 +62,26 @@ Threat model
   else about other nodes' values beyond what it implies.
 """
 
-from fedsafe.privacy.he.circuit import CircuitSpec, DigitStrategy, trimmed_sum
-from fedsafe.privacy.he.emulator import emulate_trimmed_sum, reference_trimmed_sum
-from fedsafe.privacy.he.encoding import DigitPlan, Quantizer
-from fedsafe.privacy.he.params import HEParameterError, HEParams, HEPlan, band, plan_hts
 
-# The protocol (torch, engine) loads on first use, so the BFV worker processes, which import
-# this package, start without torch.
-_LAZY = {"HEConfig", "HEProtocol", "HEProtocolError"}
+from fedsafe.core.lazy import lazy_exports
 
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        from fedsafe.privacy.he import protocol
-
-        return getattr(protocol, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-__all__ = [
-    "CircuitSpec",
-    "DigitPlan",
-    "DigitStrategy",
-    "HEConfig",
-    "HEParameterError",
-    "HEParams",
-    "HEPlan",
-    "HEProtocol",
-    "HEProtocolError",
-    "Quantizer",
-    "band",
-    "emulate_trimmed_sum",
-    "plan_hts",
-    "reference_trimmed_sum",
-    "trimmed_sum",
-]
+# Public names -> the submodule defining each, imported on first use (fedsafe.core.lazy).
+_EXPORTS = {
+    "CircuitSpec": "circuit",
+    "DigitPlan": "encoding",
+    "DigitStrategy": "circuit",
+    "HEConfig": "config",
+    "HEParameterError": "params",
+    "HEParams": "params",
+    "HEPlan": "params",
+    "HEProtocol": "protocol",
+    "HEProtocolError": "protocol",
+    "Quantizer": "encoding",
+    "band": "params",
+    "emulate_trimmed_sum": "emulator",
+    "plan_hts": "params",
+    "reference_trimmed_sum": "emulator",
+    "trimmed_sum": "circuit",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

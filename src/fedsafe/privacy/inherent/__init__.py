@@ -21,79 +21,49 @@ is inconsistent), ``composition`` (RDP sums, KOV, conversions, σ² calibration)
 ``counterexample``.
 """
 
-from .audit import RoundAudit, audit_round
-from .bounds import (
-    TABLE1_ROWS,
-    dp_table1_closed_form,
-    rdp_sgd_iid_isotropic_amplified,
-    rdp_table1,
-    rdp_theorem2,
-    rdp_theorem3,
-    rdp_theorem4,
-    symmetric_lambda,
-)
-from .composition import (
-    DEFAULT_ALPHAS,
-    calibrate_sigma2,
-    compose_rdp,
-    cumulative_epsilon,
-    epsilon_schedule,
-    kov_compose,
-    kov_optimal_delta,
-    kov_optimal_epsilon,
-    rdp_to_dp,
-)
-from .counterexample import counterexample_four_users
-from .gradients import clip_rows, per_example_grads
-from .mechanisms import MECHANISMS, NOISES, client_update, gd, gsgd, sgd_iid
-from .spectral import (
-    DEFAULT_RTOL,
-    Spectrum,
-    aggregate_spectrum,
-    covariance_spectrum,
-    span_basis,
-    span_check,
-    subspace_lambda_min,
-)
-from .waterfilling import WaterFillingPlan, wf_na_noise, wf_na_plan
 
-__all__ = [
-    "DEFAULT_ALPHAS",
-    "DEFAULT_RTOL",
-    "MECHANISMS",
-    "NOISES",
-    "TABLE1_ROWS",
-    "RoundAudit",
-    "Spectrum",
-    "WaterFillingPlan",
-    "aggregate_spectrum",
-    "audit_round",
-    "calibrate_sigma2",
-    "client_update",
-    "clip_rows",
-    "compose_rdp",
-    "counterexample_four_users",
-    "covariance_spectrum",
-    "cumulative_epsilon",
-    "dp_table1_closed_form",
-    "epsilon_schedule",
-    "gd",
-    "gsgd",
-    "kov_compose",
-    "kov_optimal_delta",
-    "kov_optimal_epsilon",
-    "per_example_grads",
-    "rdp_sgd_iid_isotropic_amplified",
-    "rdp_table1",
-    "rdp_theorem2",
-    "rdp_theorem3",
-    "rdp_theorem4",
-    "rdp_to_dp",
-    "sgd_iid",
-    "span_basis",
-    "span_check",
-    "subspace_lambda_min",
-    "symmetric_lambda",
-    "wf_na_noise",
-    "wf_na_plan",
-]
+from fedsafe.core.lazy import lazy_exports
+
+# Public names -> the submodule defining each, imported on first use (fedsafe.core.lazy).
+_EXPORTS = {
+    "DEFAULT_ALPHAS": "composition",
+    "DEFAULT_RTOL": "spectral",
+    "MECHANISMS": "mechanisms",
+    "NOISES": "mechanisms",
+    "RoundAudit": "auditor",
+    "Spectrum": "spectral",
+    "TABLE1_ROWS": "bounds",
+    "WaterFillingPlan": "waterfilling",
+    "aggregate_spectrum": "spectral",
+    "audit_round": "auditor",
+    "calibrate_sigma2": "composition",
+    "client_update": "mechanisms",
+    "clip_rows": "gradients",
+    "compose_rdp": "composition",
+    "counterexample_four_users": "counterexample",
+    "covariance_spectrum": "spectral",
+    "cumulative_epsilon": "composition",
+    "dp_table1_closed_form": "bounds",
+    "epsilon_schedule": "composition",
+    "gd": "mechanisms",
+    "gsgd": "mechanisms",
+    "kov_compose": "composition",
+    "kov_optimal_delta": "composition",
+    "kov_optimal_epsilon": "composition",
+    "per_example_grads": "gradients",
+    "rdp_sgd_iid_isotropic_amplified": "bounds",
+    "rdp_table1": "bounds",
+    "rdp_theorem2": "bounds",
+    "rdp_theorem3": "bounds",
+    "rdp_theorem4": "bounds",
+    "rdp_to_dp": "composition",
+    "sgd_iid": "mechanisms",
+    "span_basis": "spectral",
+    "span_check": "spectral",
+    "subspace_lambda_min": "spectral",
+    "symmetric_lambda": "bounds",
+    "wf_na_noise": "waterfilling",
+    "wf_na_plan": "waterfilling",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .audit import audit_round
-from .gradients import clip_rows
-from .mechanisms import client_update
+from fedsafe.privacy.inherent.auditor import audit_round
+from fedsafe.privacy.inherent.gradients import clip_rows
+from fedsafe.privacy.inherent.mechanisms import client_update
 
 __all__ = ["counterexample_four_users"]
 

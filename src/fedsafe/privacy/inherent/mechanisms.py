@@ -26,7 +26,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from .waterfilling import wf_na_noise
+from fedsafe.privacy.inherent.waterfilling import wf_na_noise
 
 __all__ = ["MECHANISMS", "NOISES", "client_update", "gd", "gsgd", "sgd_iid"]
 

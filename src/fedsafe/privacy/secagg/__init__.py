@@ -63,13 +63,21 @@ integrity); malicious clients may send any input (robustness needs individual up
 secure aggregation hides); enrolment itself is trusted; timing and traffic analysis.
 """
 
-from fedsafe.privacy.secagg.config import STAGES, SecAggConfig, default_k
-from fedsafe.privacy.secagg.errors import SecAggError
-from fedsafe.privacy.secagg.protocol import SecAggProtocol
-from fedsafe.privacy.secagg.session import RoundOutcome, run_round, seeded_randomness
-from fedsafe.privacy.secagg.transport import InMemoryTransport, Transport
 
-__all__ = [
-    "STAGES", "InMemoryTransport", "RoundOutcome", "SecAggConfig", "SecAggError", "SecAggProtocol",
-    "Transport", "default_k", "run_round", "seeded_randomness",
-]
+from fedsafe.core.lazy import lazy_exports
+
+# Public names -> the submodule defining each, imported on first use (fedsafe.core.lazy).
+_EXPORTS = {
+    "InMemoryTransport": "transport",
+    "RoundOutcome": "session",
+    "STAGES": "config",
+    "SecAggConfig": "config",
+    "SecAggError": "errors",
+    "SecAggProtocol": "protocol",
+    "Transport": "transport",
+    "default_k": "config",
+    "run_round": "session",
+    "seeded_randomness": "session",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fedsafe.engine.protocol import ProtocolError
+from fedsafe.core.protocol import ProtocolError
 
 
 class SecAggError(ProtocolError):

@@ -15,9 +15,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedsafe.engine.protocol import ProtocolError
-from fedsafe.engine.streams import numpy_stream
-from fedsafe.engine.types import Aggregate, Message, RoundContext
+from fedsafe.core.protocol import ProtocolError
+from fedsafe.core.streams import numpy_stream
+from fedsafe.core.types import Aggregate, Message, RoundContext
 from fedsafe.privacy.secagg import crypto
 from fedsafe.privacy.secagg.config import SecAggConfig
 from fedsafe.privacy.secagg.errors import SecAggError

@@ -19,41 +19,30 @@ Modules, in the order data flows:
 ``accelerator``  Gram matrices on encoded data (CUDA when present)
 ``numerics``     exact fixed-point/split-Gram arithmetic, error estimates, warnings
 ``rules``        krum, multi_krum, bulyan, norm_filter, cosine_filter on decoded D / G
-``filters``      norm and cosine filters (Gram-based; plaintext twins for the registry)
+                 (the selections of ``fedsafe.robust.krum`` and ``fedsafe.robust.filters``)
 ``leakage``      the mutual-information bound
 ``host``         processes, pipes, timeouts, session lifecycle
-``protocol``     TEEConfig, TEEProtocol (the engine's ``protocol = "tee"``)
+``config``       TEEConfig, the ``[tee]`` section (light: no enclave machinery)
+``protocol``     TEEProtocol (the engine's ``protocol = "tee"``)
 ``threats``      what is not protected, with the attacks
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from fedsafe.core.lazy import lazy_exports
 
-# Public names -> defining module. Imported lazily (PEP 562) so that importing one submodule,
-# e.g. ``fedsafe.privacy.tee.filters`` from the robust registry, does not pull in the protocol,
-# the engine and the process machinery (and no import cycle through ``robust`` arises).
+# Public names -> the submodule defining each, imported on first use (fedsafe.core.lazy), so
+# importing the [tee] config does not load the enclave, its processes or its crypto.
 _EXPORTS = {
     "AttestationError": "attestation", "SimulatedPlatform": "attestation", "measure": "attestation",
     "verify_quote": "attestation",
     "IntegrityError": "channel",
-    "cosine_filter": "filters", "cosine_filter_select": "filters", "norm_filter": "filters",
-    "norm_filter_select": "filters",
     "mi_bound_bits": "leakage", "noise_constant": "leakage", "noise_ratio_for_bits": "leakage",
     "noise_variance": "leakage",
     "TEEPrecisionWarning": "numerics", "estimated_relative_error": "numerics",
-    "COST_KEYS": "protocol", "TEEConfig": "protocol", "TEEProtocol": "protocol",
+    "COST_KEYS": "protocol", "TEEConfig": "config", "TEEProtocol": "protocol",
     "TEE_RULES": "rules",
 }
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(f"fedsafe.privacy.tee.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module 'fedsafe.privacy.tee' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -55,10 +55,12 @@ ENCLAVE_MODULES: tuple[str, ...] = (
     "fedsafe.privacy.tee.noise",
     "fedsafe.privacy.tee.numerics",
     "fedsafe.privacy.tee.leakage",
-    "fedsafe.privacy.tee.filters",
+    "fedsafe.robust.filters",
     "fedsafe.privacy.tee.rules",
     "fedsafe.privacy.tee.enclave",
     "fedsafe.robust.distances",
+    "fedsafe.robust.krum",
+    "fedsafe.robust.rows",
     "fedsafe.robust.aggregators",
     "fedsafe.robust.selection",
 )

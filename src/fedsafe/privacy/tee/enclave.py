@@ -31,12 +31,11 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from fedsafe.privacy.tee import rules
 from fedsafe.privacy.tee.attestation import MIN_NONCE_BYTES, SimulatedPlatform, measure
 from fedsafe.privacy.tee.channel import ChannelEnd, IntegrityError, client_binding, digest, open_sealed, public_bytes
-from fedsafe.privacy.tee.leakage import mi_bound_bits, noise_constant, noise_ratio_for_bits
+from fedsafe.privacy.tee.leakage import DEFAULT_NOISE_RATIO, mi_bound_bits, noise_constant, noise_ratio_for_bits
 from fedsafe.privacy.tee.noise import NoisePool
 from fedsafe.privacy.tee.numerics import decode_exact, decode_float64, estimated_abs_error, relative_to
 from fedsafe.privacy.tee.wire import WireError, error_frame, pack, pack_parts, unpack
 
-DEFAULT_NOISE_RATIO = 1e6
 
 
 class DecodeError(ValueError):

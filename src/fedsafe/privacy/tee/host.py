@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from fedsafe.engine.protocol import ProtocolError
+from fedsafe.core.protocol import ProtocolError
 from fedsafe.privacy.tee.accelerator import Accelerator
 from fedsafe.privacy.tee.attestation import AttestationError, SimulatedPlatform
 from fedsafe.privacy.tee.channel import IntegrityError

@@ -31,6 +31,9 @@ from __future__ import annotations
 
 import math
 
+# ρ = σ²/Var when neither tee.noise_ratio nor tee.target_bits is set (≈ 7.2e-7·d bits per round)
+DEFAULT_NOISE_RATIO = 1e6
+
 
 def mi_bound_bits(d: int, noise_ratio: float) -> float:
     """``(d/2) · log₂(1 + 1/ρ)``: per-round, per-accelerator bound on what is learnt about one

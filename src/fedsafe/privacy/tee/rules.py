@@ -24,9 +24,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fedsafe.privacy.tee.filters import cosine_filter_select, norm_filter_select
-from fedsafe.robust.aggregators import average_rows, mean_around_median
-from fedsafe.robust.distances import bulyan_select, krum_select, multi_krum_select
+from fedsafe.robust.filters import cosine_filter_select, norm_filter_select
+from fedsafe.robust.aggregators import mean_around_median
+from fedsafe.robust.rows import average_rows
+from fedsafe.robust.krum import bulyan_select, krum_select, multi_krum_select
 
 # rule -> the parameters it accepts
 TEE_RULES: dict[str, tuple[str, ...]] = {

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from fedsafe.robust.distances import gram
-from fedsafe.robust.requirements import require
+from fedsafe.robust.rows import average_rows, require
 
 
 def _check(rule: str, g: Tensor, f: int) -> int:

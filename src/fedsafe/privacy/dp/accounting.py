@@ -4,7 +4,7 @@ engine checkpoints.
 
 Vocabulary (DESIGN.md): noise multiplier ``z`` = noise std / clip norm C, sampling probability
 ``q``, rounds ``T``, ``delta``. One round of DP-FedAvg is one Gaussian release of the sum of
-client updates clipped to C (``fedsafe.privacy.dp``); with adaptive clipping the round is still
+client updates clipped to C (``fedsafe.privacy.dp.mechanisms``); with adaptive clipping the round is still
 one Gaussian release with the *total* z (Andrew et al. 2021, Thm 1; ``dp.adaptive_clip_split``),
 so it is composed exactly like a fixed-clip round. A round maps to a DpEvent
 (:func:`gaussian_round_event`) by the client-sampling scheme:
@@ -78,7 +78,7 @@ Accountants:
   upper bound). :meth:`Accountant.epsilon_details` says which happened.
 
 Rounds are grouped by equal records whatever their order (composition commutes), so a run whose
-per-round noise multiplier varies (distributed DP, ``fedsafe.privacy.dp_plugin``) costs one
+per-round noise multiplier varies (distributed DP, ``fedsafe.privacy.dp.plugin``) costs one
 PLD/RDP term per distinct multiplier, not per round. Such callers round each multiplier down to
 the grid 2^(k/256) (:func:`grid_floor`): less noise is accounted than present (an upper bound on
 ε, by ≤ 0.28 % in z), and the number of distinct records stays bounded.
@@ -565,7 +565,7 @@ class Accountant:
     re-accounted under other settings.
     """
 
-    STATE_FORMAT = "fedsafe.privacy.accounting.Accountant/1"
+    STATE_FORMAT = "fedsafe.privacy.dp.accounting.Accountant/1"
 
     def __init__(
         self,

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from torch import Tensor
 
-from fedsafe.engine.types import Aggregate, Message, RoundContext
+from fedsafe.core.types import Aggregate, Message, RoundContext
 
 if TYPE_CHECKING:
     from fedsafe.engine.federation import Federation

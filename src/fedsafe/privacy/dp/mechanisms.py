@@ -14,7 +14,7 @@ Dividing by the expected ``m`` rather than the realised count keeps the sensitiv
 released mean at ``C/m``: under Poisson sampling the realised count is itself private (it
 changes by one when a client is added or removed), so dividing by it would leak.
 
-Noise placements (who adds ξ; the accounting is in ``fedsafe.privacy.accounting``):
+Noise placements (who adds ξ; the accounting is in ``fedsafe.privacy.dp.accounting``):
 
 - ``central``: clients send x̄_i in the clear; the server adds ξ ~ N(0, (zC)²) once to the sum
   (:func:`server_noise`, :func:`dp_mean`). The guarantee covers everything released after

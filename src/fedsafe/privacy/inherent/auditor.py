@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from numpy.typing import ArrayLike, NDArray
 
-from .bounds import (
+from fedsafe.privacy.inherent.bounds import (
     dp_table1_closed_form,
     rdp_table1,
     rdp_theorem2,
@@ -33,9 +33,9 @@ from .bounds import (
     rdp_theorem4,
     symmetric_lambda,
 )
-from .composition import DEFAULT_ALPHAS, rdp_to_dp
-from .mechanisms import MECHANISMS, NOISES
-from .spectral import (
+from fedsafe.privacy.inherent.composition import DEFAULT_ALPHAS, rdp_to_dp
+from fedsafe.privacy.inherent.mechanisms import MECHANISMS, NOISES
+from fedsafe.privacy.inherent.spectral import (
     DEFAULT_RTOL,
     aggregate_spectrum,
     as_float64,

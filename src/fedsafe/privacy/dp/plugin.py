@@ -1,6 +1,6 @@
 """Client-level DP-FedAvg in the round (McMahan et al. 2018; Andrew et al. 2021), as a plugin.
 
-Placement of each step (the engine's named placements, ``fedsafe.engine.plugins``):
+Placement of each step (the engine's named placements, ``fedsafe.core.plugins``):
 
 - client side (``transform_honest``): flat L2 clipping to C; ``local`` adds N(0, (zC)²) per
   client; ``distributed`` adds a share N(0, (z_Δ C)²/n_s) per client (n_s = the expected
@@ -37,11 +37,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedsafe.engine.plugins import Plugin
-from fedsafe.engine.streams import torch_stream
-from fedsafe.engine.types import Aggregate, Message, RoundContext
-from fedsafe.privacy.dp import clip_updates, client_noise, server_noise, update_clip
-from fedsafe.privacy.dp_config import DPPlan
+from fedsafe.core.plugins import Plugin
+from fedsafe.core.streams import torch_stream
+from fedsafe.core.types import Aggregate, Message, RoundContext
+from fedsafe.privacy.dp.mechanisms import clip_updates, client_noise, server_noise, update_clip
+from fedsafe.privacy.dp.config import DPPlan
 
 if TYPE_CHECKING:
     from fedsafe.engine.federation import Federation

@@ -20,8 +20,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from fedsafe.privacy import accounting
-from fedsafe.privacy.dp import adaptive_clip_split, default_count_stddev, distributed_noise_multiplier
+from fedsafe.privacy.dp import accounting
+from fedsafe.privacy.dp.mechanisms import adaptive_clip_split, default_count_stddev, distributed_noise_multiplier
 
 DEFAULT_NOISE_MULTIPLIER = 1.0
 

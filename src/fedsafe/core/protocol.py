@@ -13,7 +13,7 @@ from typing import Protocol as TypingProtocol
 
 import torch
 
-from fedsafe.engine.types import Aggregate, Message, RoundContext, stack_messages
+from fedsafe.core.types import Aggregate, Message, RoundContext, stack_messages
 from fedsafe.robust.pipeline import RobustPipeline
 
 

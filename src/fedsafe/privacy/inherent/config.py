@@ -1,0 +1,32 @@
+"""``[inherent]``: the Table 1 row each user releases and how its ε is composed (a light
+module: the config imports it without loading torch.func or scipy)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Row = Literal["sgd_iid+isotropic", "sgd_iid+wf_na", "gd+isotropic", "gd+wf_na", "gsgd+isotropic", "gsgd+wf_na"]
+
+
+class InherentConfig(BaseModel):
+    """``[inherent]``: the Table 1 row each user releases and how its ε is composed."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_assignment=True)
+    row: Row = "gsgd+wf_na"
+    clip: float = Field(10.0, gt=0, description="per-example L2 clip norm C")
+    batch_size: int = Field(32, ge=1, description="B: minibatch size (sgd_iid) / variance scale (gsgd)")
+    sigma2: float | None = Field(None, gt=0, description="σ²: isotropic noise variance or WF-NA floor")
+    target_epsilon: float | None = Field(None, gt=0, description="calibrate σ² to reach this ε")
+    delta: float = Field(1e-4, gt=0, lt=1)
+    composition: Literal["rdp", "kov"] = "rdp"
+    wf_method: Literal["exact", "block"] = "exact"
+    wf_blocks: int = Field(1, ge=1)
+    max_records: int | None = Field(None, ge=1, description="records per user used each round (default: all)")
+
+    @model_validator(mode="after")
+    def _one_sigma(self) -> InherentConfig:
+        if (self.sigma2 is None) == (self.target_epsilon is None):
+            raise ValueError("set exactly one of inherent.sigma2 and inherent.target_epsilon")
+        return self
