@@ -71,12 +71,10 @@ import torch  # noqa: E402
 
 from fedsafe.core.types import Message, RoundContext  # noqa: E402
 from fedsafe.privacy.tee import TEEConfig, TEEProtocol  # noqa: E402
-from fedsafe.privacy.tee.client import TEEClient  # noqa: E402
-from fedsafe.privacy.tee.host import TEESession  # noqa: E402
-from fedsafe.robust.rows import average_rows  # noqa: E402
 from fedsafe.robust.distances import pairwise_sq_distances  # noqa: E402
 from fedsafe.robust.krum import multi_krum_select  # noqa: E402
 from fedsafe.robust.pipeline import RobustPipeline  # noqa: E402
+from fedsafe.robust.rows import average_rows  # noqa: E402
 
 OFFLOAD_PHASES = [  # (label, cost key); client work is measured apart, encryption is per client
     ("client work", None), ("client encrypt", "client_encrypt_seconds"), ("enclave decrypt", "enclave_decrypt_seconds"),

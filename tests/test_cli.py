@@ -1,7 +1,6 @@
 import json
 
 import pytest
-
 from typer.testing import CliRunner
 
 from fedsafe.cli import app
@@ -155,7 +154,7 @@ def test_cli_start_up_imports_no_subsystem():
 
 
 @pytest.mark.parametrize("kind, needle", [
-    ("rules", "trimmed_mean"), ("rules", "pre-aggregator"), ("attacks", "alie"), ("models", "lenet"),
+    ("rules", "trimmed_mean"), ("rules", "pre-aggregator"), ("attacks", "alie"), ("protocols", "secagg"), ("models", "lenet"),
     ("datasets", "cifar10"), ("partitions", "dirichlet"), ("keys", "dp.noise_multiplier"),
 ])
 def test_list_shows_registered_names_with_descriptions(kind, needle):
@@ -169,7 +168,7 @@ def test_list_shows_registered_names_with_descriptions(kind, needle):
 
 def test_list_unknown_kind_is_one_error():
     r = runner.invoke(app, ["list", "gizmos"])
-    assert r.exit_code == 2 and "valid: rules, attacks, models, datasets, partitions, keys" in r.output
+    assert r.exit_code == 2 and "valid: rules, attacks, protocols, models, datasets, partitions, keys" in r.output
 
 
 def test_errors_keep_bracketed_section_names(tmp_path):

@@ -1,5 +1,5 @@
 """What fedsafe offers, for ``fedsafe list``: every registered rule, pre-aggregator, attack,
-model, dataset and partition with its parameters and description, and every config key with
+protocol, model, dataset and partition with its parameters and description, and every config key with
 its type, default and description. All of it is read off the registries and the config
 models, so the listing cannot drift from what a config accepts.
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-KINDS = ("rules", "attacks", "models", "datasets", "partitions", "keys")
+KINDS = ("rules", "attacks", "protocols", "models", "datasets", "partitions", "keys")
 
 
 @dataclass(frozen=True)
@@ -25,9 +25,13 @@ class Item:
     description: str
 
 
-def _registry_items(registry: Any, group: str) -> list[Item]:
+def _registry_items(registry: Any, group: str, *, load: bool = True) -> list[Item]:
+    """One item per entry; ``load=False`` lists lazy entries by their summary, unimported."""
     items = []
     for name in registry.names():
+        if not load:
+            items.append(Item(group, name, "", " ".join(registry.summary(name).split())))
+            continue
         entry = registry.entry(name)
         params = ", ".join(
             p.name if p.default is inspect.Parameter.empty else f"{p.name}={p.default!r}"
@@ -48,6 +52,10 @@ def items(kind: str) -> list[Item]:
         from fedsafe.robust.attacks import ATTACKS
 
         return _registry_items(ATTACKS, "attack")
+    if kind == "protocols":  # settings are config sections ([secagg], [he], [tee]): `list keys`
+        from fedsafe.core.protocol import PROTOCOLS
+
+        return _registry_items(PROTOCOLS, "protocol", load=False)
     if kind == "models":
         from fedsafe.models import MODELS
 

@@ -63,7 +63,12 @@ def run(
 ) -> None:
     """Run an experiment (or resume a killed one) and print its summary."""
     from fedsafe.config import load
-    from fedsafe.engine.run import describe_os_error, last_checkpoint_round, load_run_config, run_experiment
+    from fedsafe.engine.run import (
+        describe_os_error,
+        last_checkpoint_round,
+        load_run_config,
+        run_experiment,
+    )
 
     target = None
     cfg = None
@@ -97,10 +102,10 @@ def run(
 
 @app.command("list")
 def list_(
-    kind: Annotated[str, typer.Argument(metavar="KIND", help="rules | attacks | models | datasets | partitions | keys")],
+    kind: Annotated[str, typer.Argument(metavar="KIND", help="rules | attacks | protocols | models | datasets | partitions | keys")],
     contains: Annotated[Optional[str], typer.Option("--grep", metavar="TEXT", help="only entries whose name contains TEXT")] = None,
 ) -> None:
-    """What a config can name: rules, attacks, models, datasets, partitions, or every config key."""
+    """What a config can name: rules, attacks, protocols, models, datasets, partitions, or every config key."""
     from rich.table import Table
 
     from fedsafe.catalog import KINDS, items
@@ -122,7 +127,8 @@ def report(
     out_dir: Annotated[Path, typer.Option("--out", help="directory for figures and summary.csv")] = Path("report"),
 ) -> None:
     """Accuracy curves overlaying runs, and a table of final figures."""
-    from fedsafe.report import ReportError, find_runs, summary_table as report_table, write_report
+    from fedsafe.report import ReportError, find_runs, write_report
+    from fedsafe.report import summary_table as report_table
 
     try:
         result = write_report(runs, out_dir)
@@ -151,9 +157,22 @@ def sweep(
     best hyper-parameters under the worst attack (best_worst_case.csv / .png)."""
     from rich.progress import BarColumn, Progress, TextColumn
 
-    from fedsafe.config import apply_overrides, default_config_text, parse_override, parse_toml, read_toml
+    from fedsafe.config import (
+        apply_overrides,
+        default_config_text,
+        parse_override,
+        parse_toml,
+        read_toml,
+    )
     from fedsafe.core.errors import FedsafeError
-    from fedsafe.engine.sweep import BEST_CSV, best_worst_case, parse_grid, run_sweep, split_axes, write_best_worst_case_csv
+    from fedsafe.engine.sweep import (
+        BEST_CSV,
+        best_worst_case,
+        parse_grid,
+        run_sweep,
+        split_axes,
+        write_best_worst_case_csv,
+    )
     from fedsafe.report.heatmap import plot_best_worst_case, plot_sweep
     from fedsafe.report.runs import ReportError
 
@@ -273,10 +292,14 @@ def privacy_spectrum(
     import torch
 
     from fedsafe.config import load
-    from fedsafe.data import load_federated
     from fedsafe.core.streams import torch_stream
+    from fedsafe.data import load_federated
     from fedsafe.models import build_model, flatten_params
-    from fedsafe.privacy.inherent.figures import figure_spectrum, spectrum_curves, user_gradients
+    from fedsafe.privacy.inherent.figures import (
+        figure_spectrum,
+        spectrum_curves,
+        user_gradients,
+    )
 
     try:
         cfg = load(config, [] if config else ["clients.num_clients=50", "data.test_fraction=0.1", "data.partition=iid", "model.name=logreg"])

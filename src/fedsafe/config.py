@@ -21,10 +21,20 @@ from pathlib import Path
 from typing import Any, Literal
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from fedsafe.audit.config import AuditConfig
+from fedsafe.core.clients import CLIENT_ALGORITHMS
 from fedsafe.core.errors import ConfigError
+from fedsafe.core.protocol import PROTOCOLS
+from fedsafe.core.registry import RegistryError
 from fedsafe.data.config import DataConfig
 from fedsafe.models.config import ModelConfig
 from fedsafe.privacy.dp.config import DPConfig
@@ -32,10 +42,10 @@ from fedsafe.privacy.he.config import HEConfig
 from fedsafe.privacy.inherent.config import InherentConfig
 from fedsafe.privacy.secagg.config import SecAggConfig
 from fedsafe.privacy.tee.config import TEEConfig
-from fedsafe.core.registry import RegistryError
 from fedsafe.robust.aggregators import AGGREGATORS
 from fedsafe.robust.attacks import ATTACKS
 from fedsafe.robust.preaggregators import PREAGGREGATORS
+from fedsafe.zo.config import ZOConfig
 
 
 class Strict(BaseModel):
@@ -45,6 +55,14 @@ class Strict(BaseModel):
 class ClientsConfig(Strict):
     """Client population, sampling and local work."""
 
+    @field_validator("algorithm", check_fields=False)
+    @classmethod
+    def _registered_algorithm(cls, v: str) -> str:
+        names = sorted({k.split(":")[0] for k in CLIENT_ALGORITHMS.names()})
+        if v not in names:
+            raise ValueError(f"unknown client algorithm {v!r}; valid: {', '.join(names)}")
+        return v
+
     num_clients: int = Field(20, ge=1, le=1_000_000, description="clients in the population")
     sampling: Literal["all", "fixed", "poisson"] = Field(
         "all", description="all clients every round; a fixed-size sample without replacement; "
@@ -52,8 +70,9 @@ class ClientsConfig(Strict):
     )
     sample_size: int | None = Field(None, ge=1, description="clients per round for sampling='fixed'")
     sample_rate: float | None = Field(None, gt=0, le=1, description="q for sampling='poisson'")
-    algorithm: Literal["dsgd", "fedavg", "inherent"] = Field(
-        "dsgd", description="dsgd: one minibatch gradient per round, sends local momentum; "
+    algorithm: str = Field(
+        "dsgd", description="a registered client algorithm (fedsafe.core.clients.CLIENT_ALGORITHMS): "
+        "dsgd: one minibatch gradient per round, sends local momentum; "
         "fedavg: local SGD steps, sends the model delta; inherent: FedSGD releasing a Table 1 "
         "row of Zhang et al. (see [inherent])"
     )
@@ -96,31 +115,6 @@ class ClientsConfig(Strict):
         return self
 
 
-class ZOConfig(Strict):
-    """``[zo]``: BAFFLE's zeroth-order clients (used when clients.gradient = "zeroth_order").
-
-    With dsgd (FedSGD) a client uploads K loss differences (4K bytes) at perturbations shared by
-    all clients through the round seed; the server regenerates them and decodes the gradient
-    estimate. With fedavg a client runs local zeroth-order steps and uploads its model delta.
-    """
-
-    k: int = Field(100, ge=1, le=1_000_000, description="perturbed forward passes per client per round")
-    sigma: float = Field(1e-4, gt=0, description="perturbation std")
-    scheme: Literal["forward", "central"] = Field(
-        "forward", description="forward: L(W+δ)−L(W), K directions; central: L(W+δ)−L(W−δ), K/2 directions"
-    )
-    chunk: int = Field(16, ge=1, description="perturbed models per batched forward call (1: plain loop)")
-    decode_chunk: int = Field(64, ge=1, description="perturbations regenerated per server step")
-    clip_inf: float | None = Field(
-        0.3, gt=0, description="rescale each zeroth-order gradient estimate to this ∞-norm: the decoded aggregate "
-        "(dsgd), every local step's (fedavg) (None: off)"
-    )
-
-    @model_validator(mode="after")
-    def _even(self) -> ZOConfig:
-        if self.scheme == "central" and self.k % 2:
-            raise ValueError(f"zo.k = {self.k} must be even with zo.scheme = 'central' (K/2 pairs)")
-        return self
 
 
 class ServerConfig(Strict):
@@ -245,10 +239,11 @@ class ExperimentConfig(Strict):
         10, ge=0, description="checkpoint every this many rounds and at the last (0: never); --resume continues from it"
     )
     execution: Literal["serial", "vectorized", "ray"] = "vectorized"
-    protocol: Literal["plain", "secagg", "he", "tee"] = Field(
-        "plain", description="plain: the server sees every update; secagg: only the sum (Bonawitz/SecAgg+); "
-        "he: trimmed mean / median over BFV ciphertexts (SABLE); tee: an enclave offloads encoded "
-        "distance computations to untrusted accelerators (Hashemi et al.)"
+    protocol: str = Field(
+        "plain", description="who sees what (a registered protocol, fedsafe.core.protocol.PROTOCOLS): plain: "
+        "the server sees every update; secagg: only the sum (Bonawitz/SecAgg+); he: trimmed mean / median "
+        "over BFV ciphertexts (SABLE); tee: an enclave offloads encoded distance computations to untrusted "
+        "accelerators (Hashemi et al.)"
     )
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -272,6 +267,13 @@ class ExperimentConfig(Strict):
     @classmethod
     def _safe_name(cls, v: str) -> str:
         check_run_name(v)
+        return v
+
+    @field_validator("protocol")
+    @classmethod
+    def _registered_protocol(cls, v: str) -> str:
+        if v not in PROTOCOLS:
+            raise ValueError(f"unknown protocol {v!r}; valid: {', '.join(PROTOCOLS.names())}")
         return v
 
     @field_validator("variants")

@@ -12,7 +12,12 @@ import pytest
 from dp_accounting.pld import pld_privacy_accountant
 from scipy import integrate, stats
 
-from fedsafe.audit import analytic_gaussian_delta, analytic_gaussian_epsilon, calibrate_analytic_gaussian, gdp_epsilon
+from fedsafe.audit import (
+    analytic_gaussian_delta,
+    analytic_gaussian_epsilon,
+    calibrate_analytic_gaussian,
+    gdp_epsilon,
+)
 
 STACKOVERFLOW_DELTA = 341000**-1.1
 

@@ -13,7 +13,13 @@ import numpy as np
 import pytest
 
 from fedsafe.data import DataConfig, DataFormatError, UnsafePickleError, load_federated
-from fedsafe.data.cifar import TEST_BATCH, TRAIN_BATCHES, load_cifar10, read_batch, restricted_load
+from fedsafe.data.cifar import (
+    TEST_BATCH,
+    TRAIN_BATCHES,
+    load_cifar10,
+    read_batch,
+    restricted_load,
+)
 
 PER_BATCH = 20
 

@@ -10,7 +10,12 @@ import torch
 
 from fedsafe.data import DataConfig, FederatedDataset, load_federated
 from fedsafe.data.digits import _bundled, load_digits_images
-from fedsafe.data.split import random_subset, split_count, stratified_split, subset_keeping_groups
+from fedsafe.data.split import (
+    random_subset,
+    split_count,
+    stratified_split,
+    subset_keeping_groups,
+)
 from fedsafe.data.transforms import channel_stats, resize_images, standardise
 
 

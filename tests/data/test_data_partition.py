@@ -7,6 +7,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from fedsafe.core.registry import RegistryError
+from fedsafe.core.streams import numpy_stream
 from fedsafe.data.partition import (
     PARTITIONERS,
     _fill_empty,
@@ -16,8 +18,6 @@ from fedsafe.data.partition import (
     partition,
     shards,
 )
-from fedsafe.core.streams import numpy_stream
-from fedsafe.core.registry import RegistryError
 
 ALL = [
     ("iid", {}),

@@ -10,7 +10,6 @@ from fedsafe.engine.metrics import read_metrics
 from fedsafe.engine.run import run_experiment
 
 
-
 def small(**over):
     raw = {
         "seed": 3,

@@ -8,9 +8,9 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from fedsafe.engine.federation import Federation  # noqa: E402
-
 from test_federation import small, strip  # noqa: E402
+
+from fedsafe.engine.federation import Federation  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ def mean_agg(x: torch.Tensor) -> torch.Tensor:
 
 
 def median_agg(x: torch.Tensor) -> torch.Tensor:
-    # even count: mean of the two middle values (DESIGN.md), which is what quantile(0.5) gives
+    # even count: mean of the two middle values (docs/architecture.md), which is what quantile(0.5) gives
     return torch.quantile(x, 0.5, dim=0)
 
 

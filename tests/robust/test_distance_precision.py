@@ -14,9 +14,9 @@ import torch
 
 from fedsafe.robust import distances, krum
 from fedsafe.robust.aggregators import AGGREGATORS, mean_around_median
-from fedsafe.robust.rows import average_rows
 from fedsafe.robust.mixing import mix
 from fedsafe.robust.preaggregators import PREAGGREGATORS
+from fedsafe.robust.rows import average_rows
 
 try:
     from . import naive

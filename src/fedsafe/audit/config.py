@@ -3,7 +3,7 @@ imports it without loading the estimators)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -28,3 +28,21 @@ class AuditConfig(BaseModel):
     @property
     def enabled(self) -> bool:
         return self.canaries > 0
+
+
+def make_plugin(setup: Any) -> Any:
+    """The round plugin for ``[audit]`` (``fedsafe.core.plugins.ROUND_PLUGINS``): None unless
+    canaries are configured. Canaries are clients of DP-FedAvg, scaled to its clip norm, so the
+    DP plugin must have been made first (the config refuses an audit without ``dp.enabled``)."""
+    cfg = setup.cfg
+    if not cfg.audit.enabled:
+        return None
+    from fedsafe.audit.plugin import AuditPlugin
+
+    dp = setup.plugins.get("dp")
+    if dp is None:
+        raise ValueError("audit.canaries needs the DP plugin (dp.enabled = true)")
+    return AuditPlugin(
+        cfg.audit, seed=setup.seed, rounds=cfg.rounds, num_clients=cfg.clients.num_clients, dp=dp,
+        initial=setup.initial,
+    )

@@ -354,7 +354,9 @@ SELECTION_QUANTILE = 0.7
 
 def _pessimistic_upper(rate: np.ndarray, held: int, upper: Callable[[np.ndarray, int], np.ndarray]) -> np.ndarray:
     """``upper`` of the ``SELECTION_QUANTILE`` quantile of ``Binomial(held, rate)`` failures."""
-    from scipy.stats import binom  # here: scipy.stats takes ~1 s to import, and only this needs it
+    from scipy.stats import (
+        binom,  # here: scipy.stats takes ~1 s to import, and only this needs it
+    )
 
     return upper(binom.ppf(SELECTION_QUANTILE, held, rate), held)
 

@@ -11,41 +11,37 @@ fitted-σ̂ one), the paper's optimistic ε_lo and a valid held-out 95% lower bo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
-from fedsafe.audit.observer import CanaryAudit
-from fedsafe.core.plugins import Plugin
-from fedsafe.core.types import Aggregate, Message, RoundContext
 from fedsafe.audit.config import AuditConfig
-
-if TYPE_CHECKING:
-    from fedsafe.engine.federation import Federation
-
-
+from fedsafe.audit.observer import CanaryAudit
+from fedsafe.core.plugins import Plugin, RoundHost
+from fedsafe.core.types import Aggregate, Message, RoundContext
 
 
 class AuditPlugin(Plugin):
     name = "audit"
 
-    def __init__(self, cfg: AuditConfig, *, seed: int, dim: int, rounds: int, num_clients: int,
-                 clip_norm, noise_multiplier: float, initial: Tensor) -> None:
+    def __init__(self, cfg: AuditConfig, *, seed: int, rounds: int, num_clients: int, dp: Plugin,
+                 initial: Tensor) -> None:
+        """``dp`` is the run's DP plugin: canaries are scaled to its current clip norm
+        (``dp.clip``, which adaptive clipping moves) and the analytic ε uses its ``plan.z``."""
         self.cfg = cfg
         self.audit = CanaryAudit(
-            seed, dim, rounds, canaries=cfg.canaries, unobserved=cfg.unobserved,
+            seed, initial.numel(), rounds, canaries=cfg.canaries, unobserved=cfg.unobserved,
             repetitions=cfg.repetitions, chunk_size=cfg.chunk_size, cache_bytes=cfg.cache_mb * 2**20,
         )
         self.num_clients = num_clients
-        self.clip_norm = clip_norm  # callable: the round's clip norm (adaptive clipping moves it)
-        self.noise_multiplier = noise_multiplier
+        self.dp = dp
+        self.noise_multiplier = dp.plan.z
         self.delta = cfg.delta if cfg.delta is not None else num_clients ** -1.1
         self.initial = initial.clone()
         self._round_metrics: dict[str, float] = {}
 
     def extra_messages(self, ctx: RoundContext, dim: int) -> list[Message]:
-        ids, rows = self.audit.round_updates(ctx.round, self.clip_norm())
+        ids, rows = self.audit.round_updates(ctx.round, self.dp.clip)
         if rows.shape[1] != dim:  # adaptive clipping appends the bit: a canary's bit is 1
             import torch
 
@@ -56,12 +52,12 @@ class AuditPlugin(Plugin):
         self._round_metrics = self.audit.observe_round(vector[: self.audit.bank.dim], ctx.round)
         return vector
 
-    def on_round_end(self, fed: Federation, row: dict[str, Any]) -> dict[str, Any]:
+    def on_round_end(self, fed: RoundHost, row: dict[str, Any]) -> dict[str, Any]:
         out, self._round_metrics = self._round_metrics, {}
         out["canaries"] = len(self.audit.participants(row["round"]))
         return out
 
-    def summary(self, fed: Federation) -> dict[str, Any]:
+    def summary(self, fed: RoundHost) -> dict[str, Any]:
         final = fed.state.params if self.cfg.final == "model" else fed.state.params - self.initial
         result = self.audit.finish(final, self.delta, noise_multiplier=self.noise_multiplier, alpha=self.cfg.alpha)
         if fed.out_dir is not None:

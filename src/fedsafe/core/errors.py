@@ -34,3 +34,8 @@ class RequirementError(ValueError):
     Under Poisson sampling the number of participants varies, so such a round is skipped (and
     recorded) rather than aborting the run; any other error is a bug and propagates.
     """
+
+
+class ProtocolError(ValueError):
+    """An impossible protocol / rule combination, or a round the protocol cannot complete
+    (e.g. too few secure-aggregation survivors): the round is skipped with the reason."""

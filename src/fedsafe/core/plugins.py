@@ -1,8 +1,6 @@
-"""Round plugins: the named placements where subsystems join the round.
+"""Round plugins: the named placements where subsystems join the round, and their registry.
 
-DESIGN.md: "DP noise is a transform at a named placement (client-side, inside the protocol, or
-after aggregation); canaries are extra participants plus an observer". A plugin overrides the
-hooks it needs; each has a no-op default::
+A plugin overrides the hooks it needs; each has a no-op default::
 
     honest local work ─► transform_honest        (client side: clipping, local noise)
     + Byzantine messages + extra_messages        (extra participants: canaries)
@@ -12,19 +10,48 @@ hooks it needs; each has a no-op default::
 
 Plugin state that must survive a restart goes through ``state_dict``/``load_state_dict`` and is
 saved in the checkpoint under the plugin's ``name``.
+
+:data:`ROUND_PLUGINS` maps a name to a factory ``(PluginSetup) -> Plugin | None`` (None: not
+enabled by this config). The engine calls every factory, in registration order, and runs the
+plugins it gets in that order; a factory sees the plugins made before it
+(``PluginSetup.plugins``: the audit plugin reads the DP plugin's clip norm). The built-in
+factories live in their subsystems' light config modules and are registered lazily here; a new
+subsystem registers its own (``ROUND_PLUGINS.register("name")``) and the engine needs no change.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 from torch import Tensor
 
+from fedsafe.core.registry import Registry
 from fedsafe.core.types import Aggregate, Message, RoundContext
 
-if TYPE_CHECKING:
-    from fedsafe.engine.federation import Federation
+
+class RoundHost(Protocol):
+    """What a plugin may read of the federation running it (``fedsafe.engine.federation.Federation``)."""
+
+    cfg: Any  # the ExperimentConfig
+    state: Any  # FederationState: ``round``, ``params`` (the global model, flat)
+    out_dir: Path | None
+    rows: list[dict[str, Any]]  # the metrics rows so far
+
+
+@dataclass(frozen=True)
+class PluginSetup:
+    """What a plugin factory is given: the experiment, the initial flat parameters, the
+    clients' dataset sizes, and the plugins made before it, by name."""
+
+    cfg: Any  # the ExperimentConfig
+    seed: int
+    initial: Tensor
+    client_sizes: tuple[int, ...]
+    plugins: Mapping[str, Plugin]
 
 
 class Plugin:
@@ -47,14 +74,20 @@ class Plugin:
     def transform_aggregate(self, vector: Tensor, ctx: RoundContext, agg: Aggregate | None) -> Tensor:
         return vector
 
+    def configure_clients(self, work: Any) -> None:
+        """Called once, before the first round, with the engine's client work
+        (``fedsafe.engine.clients.ClientWork``): a plugin that parameterises the clients'
+        local computation (the inherent-noise plugin's σ²) sets it here."""
+        return None
+
     def empty_aggregate(self, ctx: RoundContext, dim: int) -> Tensor | None:
         """What the server releases when nobody was sampled (None: skip the round)."""
         return None
 
-    def on_round_end(self, fed: Federation, row: dict[str, Any]) -> dict[str, Any]:
+    def on_round_end(self, fed: RoundHost, row: dict[str, Any]) -> dict[str, Any]:
         return {}
 
-    def summary(self, fed: Federation) -> dict[str, Any]:
+    def summary(self, fed: RoundHost) -> dict[str, Any]:
         return {}
 
     def state_dict(self) -> dict[str, Any]:
@@ -62,3 +95,13 @@ class Plugin:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         return None
+
+
+ROUND_PLUGINS: Registry = Registry("round plugin")
+# Order matters: DP clips and noises before anything else sees an update; the audit's canaries
+# are scaled to the DP plugin's clip norm, so it comes after DP.
+ROUND_PLUGINS.register_lazy("dp", "fedsafe.privacy.dp.config:make_plugin", "client-level DP-FedAvg ([dp])")
+ROUND_PLUGINS.register_lazy(
+    "inherent", "fedsafe.privacy.inherent.config:make_plugin", "ε of Zhang et al.'s Table 1 rows ([inherent])"
+)
+ROUND_PLUGINS.register_lazy("audit", "fedsafe.audit.config:make_plugin", "canary clients, one-shot ε estimate ([audit])")

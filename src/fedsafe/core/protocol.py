@@ -1,33 +1,43 @@
-"""Aggregation protocols decide who sees what (DESIGN.md: plain | secagg | he | tee).
+"""Aggregation protocols decide who sees what: the interface, the registry, and ``plain``.
 
 A protocol receives the round's client messages and the server's robust pipeline and returns
 an :class:`Aggregate`: the aggregate in the message space, its cost per phase, and what each
 non-client party saw. Combinations a protocol cannot run are refused by ``check`` at config
-time, with the reason.
+time, with the reason; ``preflight`` (optional) checks a round of the configured size and
+message dimension before the run starts.
+
+:data:`PROTOCOLS` maps the config's ``protocol`` name to a factory ``(ExperimentConfig) ->
+SecureProtocol``. The built-in ones are registered lazily here (``secagg``, ``he``, ``tee``
+load only when chosen); a new protocol registers its factory with
+``PROTOCOLS.register("name")`` (or ``register_lazy``) and the engine needs no change.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Any
 from typing import Protocol as TypingProtocol
 
 import torch
 
+from fedsafe.core.errors import ProtocolError
+from fedsafe.core.registry import Registry
 from fedsafe.core.types import Aggregate, Message, RoundContext, stack_messages
-from fedsafe.robust.pipeline import RobustPipeline
-
-
-class ProtocolError(ValueError):
-    """An impossible protocol / rule combination, or a round the protocol cannot complete."""
 
 
 class SecureProtocol(TypingProtocol):
+    """What the engine asks of a protocol. ``pipeline`` is the server's robust pipeline
+    (:class:`fedsafe.robust.pipeline.RobustPipeline`): ``rule_name``, ``rule_params``, ``pre``,
+    ``f``, and calling it aggregates an (n, d) tensor. A protocol may also define
+    ``preflight(n, pipeline, *, dim)`` (config-time check of a round's size), ``close()`` and
+    ``state_dict`` / ``load_state_dict``."""
+
     name: str
     reveals_messages: bool  # whether the server sees individual messages (server-side transforms)
 
-    def check(self, pipeline: RobustPipeline) -> None: ...
+    def check(self, pipeline: Any) -> None: ...
 
-    def aggregate(self, messages: list[Message], pipeline: RobustPipeline, ctx: RoundContext) -> Aggregate: ...
+    def aggregate(self, messages: list[Message], pipeline: Any, ctx: RoundContext) -> Aggregate: ...
 
 
 def finite_rows(updates: torch.Tensor) -> torch.Tensor:
@@ -49,10 +59,10 @@ class PlainProtocol:
     name = "plain"
     reveals_messages = True
 
-    def check(self, pipeline: RobustPipeline) -> None:
+    def check(self, pipeline: Any) -> None:
         return None  # the server holds individual updates, so every rule can run
 
-    def aggregate(self, messages: list[Message], pipeline: RobustPipeline, ctx: RoundContext) -> Aggregate:
+    def aggregate(self, messages: list[Message], pipeline: Any, ctx: RoundContext) -> Aggregate:
         t0 = time.perf_counter()
         updates = stack_messages(messages)
         ok = finite_rows(updates)
@@ -74,20 +84,27 @@ class PlainProtocol:
         )
 
 
-def make_protocol(cfg) -> SecureProtocol:
-    """The protocol named by ``cfg.protocol``, built from its config section."""
-    if cfg.protocol == "plain":
-        return PlainProtocol()
-    if cfg.protocol == "secagg":
-        from fedsafe.privacy.secagg import SecAggProtocol
+def plain(cfg: Any) -> PlainProtocol:
+    """the server receives every message in the clear and runs the robust pipeline"""
+    return PlainProtocol()
 
-        return SecAggProtocol(cfg.secagg)
-    if cfg.protocol == "he":
-        from fedsafe.privacy.he import HEProtocol
 
-        return HEProtocol(cfg.he)
-    if cfg.protocol == "tee":
-        from fedsafe.privacy.tee import TEEProtocol
+PROTOCOLS: Registry = Registry("protocol")
+PROTOCOLS.register("plain")(plain)
+PROTOCOLS.register_lazy(
+    "secagg", "fedsafe.privacy.secagg.protocol:from_config",
+    "only the sum: Bonawitz et al. secure aggregation, SecAgg+ graphs, semi-honest or active server",
+)
+PROTOCOLS.register_lazy(
+    "he", "fedsafe.privacy.he.protocol:from_config",
+    "trimmed mean / median over BFV ciphertexts (SABLE)",
+)
+PROTOCOLS.register_lazy(
+    "tee", "fedsafe.privacy.tee.protocol:from_config",
+    "an enclave offloads encoded distance computations to untrusted accelerators (Hashemi et al.)",
+)
 
-        return TEEProtocol(cfg.tee)
-    raise ProtocolError(f"unknown protocol {cfg.protocol!r}; valid: plain, secagg, he, tee")
+
+def make_protocol(cfg: Any) -> SecureProtocol:
+    """The protocol named by ``cfg.protocol``, built by its registered factory."""
+    return PROTOCOLS.entry(cfg.protocol).impl(cfg)

@@ -4,13 +4,19 @@ A registry rejects unknown names and unknown or missing parameters with the list
 ones, so a typo in a config fails at load time instead of silently changing an experiment.
 Parameters are read off the implementation's signature: keyword-only parameters (after ``*``)
 that are not listed in ``reserved`` are the user-settable ones.
+
+An entry may be registered lazily, as ``"module:attribute"``: its name is known (and listed,
+and validated) at once, and the module is imported the first time the entry is used. The
+built-in protocols and round plugins are registered that way, so naming them costs nothing
+and the foundation layer imports none of the subsystems it lists.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T", bound=Callable[..., Any])
@@ -26,6 +32,8 @@ class Entry(Generic[T]):
     impl: T
     params: dict[str, inspect.Parameter]  # user-settable keyword-only parameters
     doc: str
+    tags: frozenset[str] = frozenset()  # capabilities other layers look up (Registry.tagged)
+    meta: Mapping[str, Any] = field(default_factory=dict)  # what goes with a tag (e.g. a rule's split)
 
 
 class Registry(Generic[T]):
@@ -33,31 +41,81 @@ class Registry(Generic[T]):
         self.kind = kind
         self.reserved = frozenset(reserved)
         self._entries: dict[str, Entry[T]] = {}
+        self._lazy: dict[str, tuple[str, str]] = {}  # name -> ("module:attribute", summary)
+        self._order: list[str] = []  # registration order (names() is sorted)
 
-    def register(self, name: str | None = None) -> Callable[[T], T]:
+    def _claim(self, key: str) -> None:
+        if key in self._entries or key in self._lazy:
+            raise RegistryError(f"{self.kind} {key!r} registered twice")
+        self._order.append(key)
+
+    def _entry_of(self, key: str, impl: T) -> Entry[T]:
+        sig = inspect.signature(impl)
+        params = {
+            p.name: p
+            for p in sig.parameters.values()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in self.reserved
+        }
+        doc = inspect.getdoc(impl) or ""
+        return Entry(key, impl, params, doc.split("\n\n")[0])
+
+    def register(self, name: str | None = None, *, tags: Iterable[str] = (), **meta: Any) -> Callable[[T], T]:
+        """Decorator registering ``impl`` under ``name`` (default its ``__name__``), with
+        ``tags`` and ``meta`` that other layers read without knowing the implementation (the
+        TEE looks up the rules tagged ``"distance_split"`` and their ``split``)."""
+
         def deco(impl: T) -> T:
             key = name or impl.__name__
-            if key in self._entries:
-                raise RegistryError(f"{self.kind} {key!r} registered twice")
-            sig = inspect.signature(impl)
-            params = {
-                p.name: p
-                for p in sig.parameters.values()
-                if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in self.reserved
-            }
-            doc = inspect.getdoc(impl) or ""
-            self._entries[key] = Entry(key, impl, params, doc.split("\n\n")[0])
+            self._claim(key)
+            entry = self._entry_of(key, impl)
+            self._entries[key] = Entry(key, impl, entry.params, entry.doc, frozenset(tags), dict(meta))
             return impl
 
         return deco
 
+    def tagged(self, tag: str) -> list[str]:
+        """Names of the (eagerly registered) entries carrying ``tag``, sorted."""
+        return sorted(k for k, e in self._entries.items() if tag in e.tags)
+
+    def register_lazy(self, name: str, target: str, summary: str = "") -> None:
+        """Register ``name`` as ``target`` = ``"package.module:attribute"``, imported on first use.
+        ``summary`` is the one-line description listed before the module is loaded."""
+        if target.count(":") != 1:
+            raise RegistryError(f"{self.kind} {name!r}: target must be 'module:attribute', got {target!r}")
+        self._claim(name)
+        self._lazy[name] = (target, summary)
+
+    def unregister(self, name: str) -> None:
+        """Remove ``name`` (e.g. a plugin registered for one experiment or test)."""
+        if name not in self:
+            raise RegistryError(f"unknown {self.kind} {name!r}; valid: {', '.join(self.names())}")
+        self._entries.pop(name, None)
+        self._lazy.pop(name, None)
+        self._order.remove(name)
+
+    def summary(self, name: str) -> str:
+        """The entry's one-line description, without importing a lazy entry."""
+        if name in self._lazy:
+            return self._lazy[name][1]
+        return self.entry(name).doc
+
     def names(self) -> list[str]:
-        return sorted(self._entries)
+        return sorted(self._order)
+
+    def ordered(self) -> list[str]:
+        """Names in registration order."""
+        return list(self._order)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._entries
+        return name in self._entries or name in self._lazy
 
     def entry(self, name: str) -> Entry[T]:
+        if name in self._lazy:
+            target, summary = self._lazy.pop(name)
+            module, attr = target.split(":")
+            impl = getattr(importlib.import_module(module), attr)
+            entry = self._entry_of(name, impl)
+            self._entries[name] = Entry(name, impl, entry.params, entry.doc or summary)
         try:
             return self._entries[name]
         except KeyError:

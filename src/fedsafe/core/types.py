@@ -1,4 +1,4 @@
-"""Core types of a federated round (see DESIGN.md, "The round, as data flows through it")."""
+"""Core types of a federated round (see docs/architecture.md, "The round, as data flows through it")."""
 
 from __future__ import annotations
 
@@ -55,3 +55,14 @@ def stack_messages(messages: list[Message]) -> Tensor:
     if len(dims) != 1:
         raise ValueError(f"messages have different shapes: {sorted(map(tuple, dims))}")
     return torch.stack([m.vector for m in messages])
+
+
+def vector_problem(v: object, dim: int) -> str | None:
+    """Why ``v`` (e.g. an optimizer buffer read from a checkpoint) is not a finite float vector
+    of ``dim`` entries, or None when it is."""
+    if not isinstance(v, Tensor) or not v.is_floating_point() or tuple(v.shape) != (dim,):
+        shape = tuple(v.shape) if isinstance(v, Tensor) else type(v).__name__
+        return f"expected a float vector of {dim} entries, got {shape}"
+    if not bool(torch.isfinite(v).all()):
+        return "holds NaN or infinite values"
+    return None

@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedsafe.core.registry import Registry
+from fedsafe.core.streams import numpy_stream
 from fedsafe.data.cifar import load_cifar10
 from fedsafe.data.config import IMAGE_DATASETS, DataConfig
 from fedsafe.data.dataset import FederatedDataset
@@ -31,11 +33,14 @@ from fedsafe.data.digits import NUM_CLASSES as DIGITS_CLASSES
 from fedsafe.data.digits import load_digits_images
 from fedsafe.data.idx import load_mnist_idx
 from fedsafe.data.partition import partition
-from fedsafe.data.split import random_subset, split_count, stratified_split, subset_keeping_groups
+from fedsafe.data.split import (
+    random_subset,
+    split_count,
+    stratified_split,
+    subset_keeping_groups,
+)
 from fedsafe.data.synthetic import generate_synthetic
 from fedsafe.data.transforms import channel_stats, resize_images, standardise
-from fedsafe.core.streams import numpy_stream
-from fedsafe.core.registry import Registry
 
 
 @dataclass

@@ -1,17 +1,12 @@
 """Honest client work, written once over batched tensors for every backend.
 
-``dsgd`` (Robust-DSGD / SABLE): each client takes one minibatch gradient per round at the
-global model and sends its local momentum ``m ← βm + (1−β)(g + λw)``.
-``fedavg``: each client runs local SGD steps ``w ← w − η(g + λw)`` and sends ``w − w_global``.
-With ``local_epochs = E`` a client of ``n_i`` samples runs ``E·⌈n_i/B⌉`` steps; clients that
-finish early are masked out of later steps, so all clients still move in one batched call.
-
-With ``gradient = "zeroth_order"`` (BAFFLE) both algorithms use only forward passes. fedavg
-takes the same local steps with the zeroth-order estimate, each rescaled to ∞-norm
-``zo.clip_inf`` before λw is added (BAFFLE's clip, per local step). dsgd is FedSGD: a client
-uploads M loss differences, the server decodes their aggregate, clips it to ``zo.clip_inf``,
-and applies ``momentum`` and ``weight_decay`` to the decoded direction
-(:class:`fedsafe.zo.DecodedMomentum`, through :meth:`ClientWork.server_optimizer`).
+:class:`ClientWork` holds what every client algorithm shares — the ``[clients]`` settings, the
+backend (per-client minibatch gradients, serial or vectorized), the data, seeded minibatches,
+each client's local step count and the zeroth-order settings — and delegates the rest to the
+algorithm registered for the configuration (``fedsafe.core.clients.CLIENT_ALGORITHMS``):
+``dsgd`` and ``fedavg`` (:mod:`fedsafe.engine.algorithms`), their zeroth-order variants
+(:mod:`fedsafe.zo.algorithms`: FedSGD uploads M loss differences, FedAvg takes forward-only
+local steps), and ``inherent`` (:mod:`fedsafe.privacy.inherent.clients`).
 
 Minibatches are drawn without replacement from the client's own data (with replacement when
 the client holds fewer than ``B`` samples), from the counter-based stream
@@ -22,15 +17,20 @@ the backend, the participants, or the order of computation.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from fedsafe.config import ClientsConfig
-from fedsafe.data import FederatedDataset
+from fedsafe.core.clients import (
+    CLIENT_ALGORITHMS,
+    ZEROTH_ORDER,
+    LocalResult,
+    algorithm_key,
+)
 from fedsafe.core.streams import counter_uniform
+from fedsafe.data import FederatedDataset
 
 
 def draw_batches(
@@ -63,30 +63,23 @@ def draw_batches(
     return np.take_along_axis(padded, positions, axis=1)
 
 
-@dataclass
-class LocalResult:
-    updates: Tensor  # (n, d), in the message space of the algorithm
-    losses: Tensor  # (n,), each client's minibatch loss at the global model
-    momentum: Tensor | None  # (n, d) new dsgd momentum rows, else None
-    survivors: np.ndarray | None = None  # (n,) bool; False = the client dropped out (None: all ok)
-
-
 class ClientWork:
-    """Runs the configured local algorithm for a set of clients through a backend."""
+    """Runs the configured client algorithm for a set of clients through a backend."""
 
-    def __init__(self, cfg: ClientsConfig, backend, data: FederatedDataset, seed: int, inherent=None, zo=None) -> None:
+    def __init__(self, cfg: ClientsConfig, backend, data: FederatedDataset, seed: int, zo=None) -> None:
         self.cfg = cfg
         self.zo = zo  # ZOConfig when cfg.gradient = "zeroth_order"
-        if cfg.gradient == "zeroth_order":
+        if cfg.gradient == ZEROTH_ORDER:
             from fedsafe.zo import ZOSettings
 
             if zo is None:
                 raise ValueError("clients.gradient = 'zeroth_order' needs the [zo] settings")
             self.zo_settings = ZOSettings(zo.k, zo.sigma, zo.scheme, zo.chunk, zo.decode_chunk)
-        self.inherent = inherent  # (InherentConfig, sigma²) for algorithm = "inherent"
+        self.inherent = None  # (InherentConfig, sigma²), set by the inherent plugin
         self.backend = backend
         self.data = data
         self.seed = seed
+        self.algorithm = CLIENT_ALGORITHMS.entry(algorithm_key(cfg.algorithm, cfg.gradient)).impl()
         sizes = np.array([len(ix) for ix in data.client_indices])
         if cfg.algorithm == "fedavg":
             if cfg.local_steps is not None:
@@ -97,68 +90,39 @@ class ClientWork:
         else:
             self.steps = np.ones(len(sizes), dtype=np.int64)
 
-    def _zeroth_order(self, round_: int, params: Tensor, ids: np.ndarray, label_transform) -> LocalResult:
-        """BAFFLE clients: forward passes only (no backpropagation anywhere on the client)."""
-        from fedsafe.engine.backends import make_loss
-        from fedsafe.zo import client_messages, zo_local_steps_many
-
-        loss = make_loss(self.backend.model, self.backend.layout)
-        if self.cfg.algorithm == "dsgd":  # FedSGD: K loss differences at shared perturbations
-            x, y = self._batch(round_, 0, ids, label_transform)
-            msgs, losses = client_messages(loss, params, x, y, self.zo_settings, self.seed, round_)
-            return LocalResult(msgs, losses, None)
-        res = zo_local_steps_many(
-            loss, params, lambda s, active: self._batch(round_, s, ids[active], label_transform),
-            clients=ids, steps=self.steps[ids], lr=self.cfg.lr, k=self.zo.k, sigma=self.zo.sigma,
-            seed=self.seed, round=round_, scheme=self.zo.scheme, chunk=self.zo.chunk,
-            weight_decay=self.cfg.weight_decay, clip=self.zo.clip_inf,
-        )
-        return LocalResult(res.delta, res.losses, None)
-
     @property
-    def zo_fedsgd(self) -> bool:
-        return self.cfg.gradient == "zeroth_order" and self.cfg.algorithm == "dsgd"
+    def keeps_momentum(self) -> bool:
+        """Whether the engine keeps a momentum row per client (backprop dsgd)."""
+        return self.algorithm.keeps_momentum
 
     def message_dim(self, dim: int) -> int:
         """Length of one client's message for a ``dim``-parameter model (M scalars for
         zeroth-order FedSGD, else ``dim``)."""
-        return self.zo_settings.message_dim if self.zo_fedsgd else dim
+        return self.algorithm.message_dim(self, dim)
 
     def server_optimizer(self, inner):
-        """The server step the decoded direction goes to: ``inner`` itself, except for
-        zeroth-order FedSGD with ``momentum`` or ``weight_decay``, whose client momentum and
-        weight decay can only act on the decoded direction (:class:`fedsafe.zo.DecodedMomentum`)."""
-        if not self.zo_fedsgd or (self.cfg.momentum == 0 and self.cfg.weight_decay == 0):
-            return inner
-        from fedsafe.zo import DecodedMomentum
-
-        return DecodedMomentum(inner, self.cfg.momentum, self.cfg.weight_decay)
+        """The server step the decoded direction goes to: ``inner`` itself, except where the
+        algorithm wraps it (zeroth-order FedSGD's client momentum and weight decay, which can
+        only act on the decoded direction)."""
+        return self.algorithm.server_optimizer(self, inner)
 
     def close(self) -> None:
         """Release execution resources (a no-op in-process)."""
 
     def decode(self, aggregate: Tensor, round_: int) -> Tensor:
-        """The parameter-space descent direction for the server optimizer.
+        """The parameter-space descent direction for the server optimizer (the algorithm's
+        ``decode``: the negated mean delta for fedavg, the decoded estimate for zeroth-order
+        FedSGD, the aggregate itself otherwise)."""
+        return self.algorithm.decode(self, aggregate, round_)
 
-        dsgd messages are momentum and inherent ones gradient estimates (descent directions
-        already); fedavg messages are model deltas, so the direction is their negation (server
-        lr 1 = plain FedAvg). Zeroth-order FedSGD messages are K loss differences: the server
-        regenerates the round's shared perturbations and decodes ĝ = (1/K) Σ δ_k s_k / σ²,
-        then (BAFFLE's guideline) rescales it to ∞-norm ``zo.clip_inf``; its momentum and
-        weight decay come after, in :meth:`server_optimizer`.
-        """
-        if self.cfg.algorithm == "fedavg":
-            return -aggregate
-        if self.cfg.gradient == "zeroth_order":
-            from fedsafe.core.types import RoundContext
-            from fedsafe.zo import ZODecoder, clip_inf
+    def loss_fn(self):
+        """``loss(params, x, y)`` of the backend's model: what forward-only clients evaluate."""
+        from fedsafe.engine.backends import make_loss
 
-            dim = self.backend.layout.dim
-            g = ZODecoder(dim, self.zo_settings)(aggregate, RoundContext(round_, self.seed, (), 0)).to(torch.float32)
-            return g if self.zo.clip_inf is None else clip_inf(g, self.zo.clip_inf)
-        return aggregate
+        return make_loss(self.backend.model, self.backend.layout)
 
-    def _batch(self, round_: int, step: int, ids: np.ndarray, label_transform) -> tuple[Tensor, Tensor]:
+    def batch(self, round_: int, step: int, ids: np.ndarray, label_transform) -> tuple[Tensor, Tensor]:
+        """The minibatches of clients ``ids`` at (round, step), labels transformed (label flip)."""
         idx = torch.from_numpy(
             draw_batches(self.seed, round_, step, ids, self.data.client_indices, self.cfg.batch_size)
         )
@@ -176,39 +140,4 @@ class ClientWork:
         momentum: Tensor | None = None,
         label_transform: Callable[[Tensor, int], Tensor] | None = None,
     ) -> LocalResult:
-        cfg = self.cfg
-        if cfg.algorithm == "inherent":
-            from fedsafe.privacy.inherent.plugin import inherent_updates
-
-            icfg, sigma2 = self.inherent
-            updates, norms = inherent_updates(
-                self.backend.model, params, self.data, ids, icfg, sigma2, self.seed, round_
-            )
-            return LocalResult(updates, norms, None)
-        if cfg.gradient == "zeroth_order":
-            return self._zeroth_order(round_, params, ids, label_transform)
-        if cfg.algorithm == "dsgd":
-            x, y = self._batch(round_, 0, ids, label_transform)
-            g, losses = self.backend.gradients(params, x, y)
-            if cfg.weight_decay:
-                g = g + cfg.weight_decay * params
-            if momentum is None:
-                raise ValueError("dsgd needs the clients' momentum rows")
-            m = cfg.momentum * momentum + (1 - cfg.momentum) * g
-            return LocalResult(m, losses, m)
-
-        steps = self.steps[ids]
-        local = params.expand(len(ids), -1).clone()
-        losses = params.new_zeros(len(ids))
-        for s in range(int(steps.max(initial=0))):
-            active = np.flatnonzero(steps > s)
-            x, y = self._batch(round_, s, ids[active], label_transform)
-            rows = torch.from_numpy(active)
-            w = local[rows]
-            g, l = self.backend.gradients(params if s == 0 else w, x, y)
-            if s == 0:
-                losses[rows] = l
-            if cfg.weight_decay:
-                g = g + cfg.weight_decay * w
-            local[rows] = w - cfg.lr * g
-        return LocalResult(local - params, losses, None)
+        return self.algorithm.run(self, round_, params, ids, momentum, label_transform)

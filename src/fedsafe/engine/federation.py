@@ -1,4 +1,4 @@
-"""The federation loop: DESIGN.md's round, one call of :meth:`Federation.run_round` per round.
+"""The federation loop: the round of docs/architecture.md, one call of :meth:`Federation.run_round` per round.
 
     sample clients → honest local work → Byzantine attack → protocol.aggregate(messages, rule)
     → decode to a parameter-space direction → server optimizer step → evaluate → metrics row
@@ -19,17 +19,22 @@ from torch.func import functional_call
 
 from fedsafe.config import ExperimentConfig
 from fedsafe.core.errors import CheckpointError, ConfigError, RequirementError
+from fedsafe.core.plugins import ROUND_PLUGINS, Plugin, PluginSetup
+from fedsafe.core.protocol import ProtocolError, make_protocol
+from fedsafe.core.streams import torch_stream
+from fedsafe.core.types import Message, RoundContext
 from fedsafe.data import FederatedDataset, load_federated
 from fedsafe.engine.backends import make_backend
 from fedsafe.engine.clients import ClientWork
 from fedsafe.engine.metrics import MetricsWriter, summarize
-from fedsafe.core.plugins import Plugin
-from fedsafe.core.protocol import ProtocolError, make_protocol
 from fedsafe.engine.sampling import byzantine_ids, sample_clients
 from fedsafe.engine.server_optimizer import ServerAdam, ServerSGD
-from fedsafe.engine.state import CHECKPOINT, FederationState, load_checkpoint, save_checkpoint
-from fedsafe.core.streams import torch_stream
-from fedsafe.core.types import Message, RoundContext
+from fedsafe.engine.state import (
+    CHECKPOINT,
+    FederationState,
+    load_checkpoint,
+    save_checkpoint,
+)
 from fedsafe.models import ParamLayout, build_model, flatten_params
 from fedsafe.robust.attacks import ATTACKS, LABEL_TRANSFORMS, AttackContext
 from fedsafe.robust.pipeline import RobustPipeline
@@ -95,46 +100,13 @@ class Federation:
         else:
             self.server = ServerSGD(sv.lr, sv.momentum, sv.weight_decay)
         self.server = self.work.server_optimizer(self.server)  # zeroth-order FedSGD: client momentum
-        self.plugins = list(plugins)
-        if cfg.inherent is not None:
-            from fedsafe.privacy.inherent.plugin import InherentPlugin
-
-            sizes = [len(ix) for ix in self.data.client_indices]
-            d_min = min(sizes) if cfg.inherent.max_records is None else min(min(sizes), cfg.inherent.max_records)
-            try:
-                plug = InherentPlugin(cfg.inherent, rounds=cfg.rounds, num_users=cfg.clients.num_clients, dataset_size=d_min)
-            except ValueError as e:
-                raise ConfigError([f"inherent: {e}"]) from None
-            self.work.inherent = (cfg.inherent, plug.sigma2)
-            self.plugins.append(plug)
-        if cfg.dp.enabled:
-            from fedsafe.privacy.dp.plugin import DPPlugin
-
-            c = cfg.clients
-            try:
-                plan = cfg.dp.plan(
-                    sampling=c.sampling, rounds=cfg.rounds, num_clients=c.num_clients,
-                    q=c.sample_rate, sample_size=c.sample_size,
-                )
-            except ValueError as e:
-                raise ConfigError([str(e)]) from None
-            dp_plugin = DPPlugin(plan, seed)
-            self.plugins.insert(0, dp_plugin)
-            if cfg.audit.enabled:
-                from fedsafe.audit.plugin import AuditPlugin
-
-                params0 = flatten_params(self.model)
-                self.plugins.append(AuditPlugin(
-                    cfg.audit, seed=seed, dim=params0.numel(), rounds=cfg.rounds,
-                    num_clients=cfg.clients.num_clients, clip_norm=lambda: dp_plugin.clip,
-                    noise_multiplier=plan.z, initial=params0,
-                ))
+        self.plugins = self._make_plugins(plugins)
         self.metrics = MetricsWriter(self.out_dir)
         self.rows: list[dict[str, Any]] = []
 
         params = flatten_params(self.model)
         momentum = None
-        if cfg.clients.algorithm == "dsgd" and cfg.clients.gradient == "backprop":
+        if self.work.keeps_momentum:
             momentum = params.new_zeros((cfg.clients.num_clients, params.numel()))
         self.state = FederationState(round=0, params=params, momentum=momentum)
         dim = self.work.message_dim(params.numel())
@@ -146,6 +118,28 @@ class Federation:
             from fedsafe.engine.ema import EMA
 
             self.ema = EMA(cfg.server.ema, warmup=True, params=params)
+
+    def _make_plugins(self, extra: Sequence[Plugin]) -> list[Plugin]:
+        """Every registered round plugin this config enables (``ROUND_PLUGINS``, in registration
+        order), then ``extra``; each is handed the client work before the first round."""
+        made: dict[str, Plugin] = {}
+        setup = PluginSetup(
+            cfg=self.cfg, seed=self.cfg.seed, initial=flatten_params(self.model),
+            client_sizes=tuple(len(ix) for ix in self.data.client_indices), plugins=made,
+        )
+        for name in ROUND_PLUGINS.ordered():
+            try:
+                plugin = ROUND_PLUGINS.entry(name).impl(setup)
+            except ConfigError:
+                raise
+            except ValueError as e:
+                raise ConfigError([f"{name}: {e}"]) from None
+            if plugin is not None:
+                made[name] = plugin
+        plugins = [*made.values(), *extra]
+        for p in plugins:
+            p.configure_clients(self.work)
+        return plugins
 
     # --- set-up checks --------------------------------------------------------------------
 

@@ -35,8 +35,9 @@ import torch
 from torch import Tensor
 
 from fedsafe.config import ConfigError
+from fedsafe.core.clients import LocalResult
 from fedsafe.data import FederatedDataset
-from fedsafe.engine.clients import ClientWork, LocalResult
+from fedsafe.engine.clients import ClientWork
 
 _WORKER_CACHE: dict[tuple[str, str], ClientWork] = {}
 _HANG_SECONDS = 60.0  # fault injection: far beyond a test's timeout, yet a broken timeout fails, not hangs
@@ -51,8 +52,8 @@ def _worker_work(cfg_toml: str, data_box: list[Any]) -> ClientWork:
     work = _WORKER_CACHE.get(key)
     if work is None:
         from fedsafe.config import parse_toml, validate
-        from fedsafe.engine.backends import make_backend
         from fedsafe.core.streams import torch_stream
+        from fedsafe.engine.backends import make_backend
         from fedsafe.models import ParamLayout, build_model
 
         cfg = validate(parse_toml(cfg_toml))

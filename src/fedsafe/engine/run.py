@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import errno
 import json
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -21,7 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+)
 
 from fedsafe import __version__
 from fedsafe.config import ExperimentConfig, read_toml, validate, variant_config

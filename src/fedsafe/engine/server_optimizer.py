@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
+
+from fedsafe.core.types import vector_problem
 
 
 @dataclass(frozen=True)
@@ -33,14 +34,14 @@ class ServerSGD:
             return None
         if self.momentum == 0:
             return "a momentum buffer, but server.momentum = 0"
-        return _vector_problem(buf, dim)
+        return vector_problem(buf, dim)
 
 
 @dataclass(frozen=True)
 class ServerAdam:
     """Adam on the aggregated descent direction (BAFFLE's server optimizer), with the same
     ``step(params, direction, buf)`` shape as :class:`ServerSGD`; ``buf`` is the plain dict
-    ``{"m", "v", "t"}`` so that it checkpoints as tensors. The math is ``fedsafe.zo.Adam``
+    ``{"m", "v", "t"}`` so that it checkpoints as tensors. The math is ``fedsafe.engine.adam.Adam``
     (``torch.optim.Adam`` semantics, L2 weight decay, bias correction)."""
 
     lr: float
@@ -65,16 +66,7 @@ class ServerAdam:
         t = buf["t"]
         if isinstance(t, bool) or not isinstance(t, int) or t < 1:
             return f"Adam's step count t must be an integer >= 1, got {t!r}"
-        problem = _vector_problem(buf["m"], dim) or _vector_problem(buf["v"], dim)
+        problem = vector_problem(buf["m"], dim) or vector_problem(buf["v"], dim)
         if problem is None and bool((buf["v"] < 0).any()):
             problem = "Adam's second moment v has negative entries"
         return problem
-
-
-def _vector_problem(v: object, dim: int) -> str | None:
-    if not isinstance(v, Tensor) or not v.is_floating_point() or tuple(v.shape) != (dim,):
-        shape = tuple(v.shape) if isinstance(v, Tensor) else type(v).__name__
-        return f"expected a float vector of {dim} entries, got {shape}"
-    if not bool(torch.isfinite(v).all()):
-        return "holds NaN or infinite values"
-    return None

@@ -10,6 +10,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -26,7 +27,7 @@ _KEYS = ("format", "round", "params", "server_buf", "momentum", "previous", "att
 class FederationState:
     round: int  # rounds completed
     params: Tensor  # flat global model
-    server_buf: Tensor | None = None  # server SGD momentum buffer
+    server_buf: Any = None  # the server step's state: SGD momentum, Adam's {m, v, t}, or decoded momentum's
     momentum: Tensor | None = None  # (num_clients, d) dsgd client momentum
     previous: Tensor | None = None  # the robust pipeline's previous aggregate
     attack_state: dict = field(default_factory=dict)

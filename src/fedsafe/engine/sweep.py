@@ -39,7 +39,13 @@ import numpy as np
 import torch
 
 from fedsafe.config import (
-    ConfigError, ExperimentConfig, apply_overrides, parse_override, parse_toml, read_toml, validate,
+    ConfigError,
+    ExperimentConfig,
+    apply_overrides,
+    parse_override,
+    parse_toml,
+    read_toml,
+    validate,
 )
 from fedsafe.engine.metrics import SUMMARY
 from fedsafe.engine.run import CONFIG, prepare_out_dir, run_experiment

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from fedsafe.core.registry import Registry
 from fedsafe.models.architectures import (
     MIN_IMAGE_SIDE,
     MLP,
@@ -18,7 +19,6 @@ from fedsafe.models.architectures import (
 )
 from fedsafe.models.config import LENET_CHANNELS, ModelConfig
 from fedsafe.models.initialization import init_parameters
-from fedsafe.core.registry import Registry
 
 Builder = Callable[[ModelConfig, tuple[int, ...], int], nn.Module]
 

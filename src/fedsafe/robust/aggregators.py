@@ -1,6 +1,6 @@
 """Robust aggregation rules: pure functions ``rule(updates[n, d], *, f, **params) -> [d]``.
 
-Conventions (DESIGN.md): inputs are never modified; ``f`` is the number of Byzantine updates the
+Conventions (docs/architecture.md): inputs are never modified; ``f`` is the number of Byzantine updates the
 rule must tolerate; a rule that needs state (centered clipping) receives it explicitly as the
 reserved keyword ``previous`` (the previous round's aggregate, or None in the first round).
 The output has the updates' dtype; float64 is used inside only where rounding would matter
@@ -23,15 +23,22 @@ import math
 import torch
 from torch import Tensor
 
-from fedsafe.robust.rows import average_rows, require as _require
-from fedsafe.robust.rows import check_matrix as _check_matrix
-
-from fedsafe.core.streams import torch_stream
 from fedsafe.core.registry import Registry
+from fedsafe.core.streams import torch_stream
 from fedsafe.robust.distances import pairwise_sq_distances, weiszfeld_weights
+from fedsafe.robust.filters import (
+    cosine_filter,
+    cosine_filter_select,
+    norm_filter,
+    norm_filter_select,
+)
 from fedsafe.robust.krum import bulyan_select, krum_select, multi_krum_select
-from fedsafe.robust.filters import cosine_filter, norm_filter
+from fedsafe.robust.rows import average_rows
+from fedsafe.robust.rows import check_matrix as _check_matrix
+from fedsafe.robust.rows import require as _require
 from fedsafe.robust.selection import coordinate_median, coordinate_trimmed_mean
+from fedsafe.robust.split import TAG as SPLIT
+from fedsafe.robust.split import DistanceSplit
 
 AGGREGATORS: Registry = Registry("aggregation rule", reserved=("f", "previous"))
 
@@ -106,7 +113,24 @@ def trimmed_mean(updates: Tensor, *, f: int) -> Tensor:
     return coordinate_trimmed_mean(updates, f)
 
 
-@AGGREGATORS.register("krum")
+def _first(updates: Tensor, idx: Tensor, f: int) -> Tensor:
+    return updates[int(idx[0])].clone()
+
+
+def _average(updates: Tensor, idx: Tensor, f: int) -> Tensor:
+    return average_rows(updates, idx)
+
+
+def _bulyan_combine(updates: Tensor, idx: Tensor, f: int) -> Tensor:
+    selected = torch.sort(updates.index_select(0, idx), dim=0).values
+    return mean_around_median(selected, idx.numel() - 2 * f)
+
+
+def _krum_index(d2: Tensor, f: int) -> Tensor:
+    return torch.tensor([krum_select(d2, f)])
+
+
+@AGGREGATORS.register("krum", tags=(SPLIT,), split=DistanceSplit("distances", _krum_index, _first))
 def krum(updates: Tensor, *, f: int) -> Tensor:
     """Krum (Blanchard, El Mhamdi, Guerraoui, Stainer 2017): the update with the lowest score
     ``s_i = Σ_{j ∈ N_i} ‖x_i − x_j‖²``, ``N_i`` its ``n − f − 2`` nearest other updates.
@@ -116,7 +140,7 @@ def krum(updates: Tensor, *, f: int) -> Tensor:
     return updates[krum_select(pairwise_sq_distances(updates), f)].clone()
 
 
-@AGGREGATORS.register("multi_krum")
+@AGGREGATORS.register("multi_krum", tags=(SPLIT,), split=DistanceSplit("distances", multi_krum_select, _average))
 def multi_krum(updates: Tensor, *, f: int, m: int | None = None) -> Tensor:
     """Multi-Krum (Blanchard et al. 2017): the mean of the ``m`` updates with the lowest Krum
     scores (default ``m = n − f``), scores as in ``krum``. Ties by lowest index.
@@ -126,7 +150,7 @@ def multi_krum(updates: Tensor, *, f: int, m: int | None = None) -> Tensor:
     return average_rows(updates, multi_krum_select(pairwise_sq_distances(updates), f, m))
 
 
-@AGGREGATORS.register("bulyan")
+@AGGREGATORS.register("bulyan", tags=(SPLIT,), split=DistanceSplit("distances", bulyan_select, _bulyan_combine))
 def bulyan(updates: Tensor, *, f: int) -> Tensor:
     """Bulyan (El Mhamdi, Guerraoui, Rouault 2018) over Krum.
 
@@ -138,10 +162,7 @@ def bulyan(updates: Tensor, *, f: int) -> Tensor:
     Requires ``n ≥ 4f + 3``."""
     n = _check_matrix(updates, "bulyan")
     _require("bulyan", n, f, n >= 4 * f + 3, "n >= 4f + 3")
-    idx = bulyan_select(pairwise_sq_distances(updates), f)
-    theta = idx.numel()
-    selected = torch.sort(updates.index_select(0, idx), dim=0).values
-    return mean_around_median(selected, theta - 2 * f)
+    return _bulyan_combine(updates, bulyan_select(pairwise_sq_distances(updates), f), f)
 
 
 @AGGREGATORS.register("geometric_median")
@@ -380,5 +401,7 @@ def signguard(
 
 # Norm and cosine filters need only the Gram matrix, so the TEE runs the same selections on
 # decoded Gram matrices (fedsafe.robust.filters).
-AGGREGATORS.register("norm_filter")(norm_filter)
-AGGREGATORS.register("cosine_filter")(cosine_filter)
+AGGREGATORS.register("norm_filter", tags=(SPLIT,), split=DistanceSplit("gram", norm_filter_select, _average))(norm_filter)
+AGGREGATORS.register("cosine_filter", tags=(SPLIT,), split=DistanceSplit("gram", cosine_filter_select, _average))(
+    cosine_filter
+)

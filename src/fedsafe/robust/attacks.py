@@ -5,7 +5,7 @@ Attacks are omniscient: they see the round's honest updates, the server's aggreg
 (label flipping) declare a label transform; the engine then trains the Byzantine clients on
 their poisoned data and hands those updates to the attack as ``ctx.own_updates``.
 
-Conventions shared by every attack here (DESIGN.md):
+Conventions shared by every attack here (docs/architecture.md):
 
 - inputs are never modified; the result is a fresh ``(ctx.f, d)`` tensor with the floating dtype
   and the device of ``honest``; ``ctx.f == 0`` gives an empty ``(0, d)`` tensor (and a round with

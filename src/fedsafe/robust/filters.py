@@ -69,14 +69,6 @@ def cosine_filter_select(g: Tensor, f: int) -> Tensor:
     return torch.sort(keep).values
 
 
-def average_rows(updates: Tensor, rows: Tensor) -> Tensor:
-    # imported here, not at the top: robust.aggregators may import this module to register
-    # the plaintext filters
-    from fedsafe.robust.aggregators import average_rows as average
-
-    return average(updates, rows)
-
-
 def norm_filter(updates: Tensor, *, f: int, factor: float = 2.0) -> Tensor:
     """Plaintext norm filter: mean of the updates whose norm is at most ``factor`` times the
     median norm. Requires ``n > 2f`` and ``factor ≥ 1`` (module doc)."""

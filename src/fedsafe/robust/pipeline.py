@@ -29,6 +29,7 @@ class RobustPipeline:
         seed: int,
     ) -> None:
         self.rule_name = rule
+        self.rule_params = dict(rule_params)  # as configured: protocols that run the rule themselves read them
         self.rule = AGGREGATORS.get(rule, rule_params)
         self.uses_previous = "previous" in _reserved_params(AGGREGATORS, rule)
         self.pre = [

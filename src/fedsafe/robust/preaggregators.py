@@ -13,12 +13,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from fedsafe.core.registry import Registry
+from fedsafe.robust.distances import nnm_mixing, pairwise_sq_distances
+from fedsafe.robust.mixing import mix
 from fedsafe.robust.rows import check_matrix as _check_matrix
 from fedsafe.robust.rows import require as _require
-
-from fedsafe.core.registry import Registry
-from fedsafe.robust.mixing import mix
-from fedsafe.robust.distances import nnm_mixing, pairwise_sq_distances
 
 PREAGGREGATORS: Registry = Registry("pre-aggregator", reserved=("f", "generator"))
 

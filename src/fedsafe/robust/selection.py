@@ -1,6 +1,6 @@
 """Coordinate-wise order statistics over clients: median and trimmed mean of an (n, d) matrix.
 
-Conventions (DESIGN.md): the median of an even count is the mean of the two middle values,
+Conventions (docs/architecture.md): the median of an even count is the mean of the two middle values,
 computed as ``(a + b) / 2`` in the input dtype; the trimmed mean drops ``f`` values from each end
 of every coordinate (needs n > 2f). Both return a new tensor of the input dtype and never modify
 their input. **Inputs must be finite** (the engine drops non-finite updates before aggregating;

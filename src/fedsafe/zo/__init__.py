@@ -26,6 +26,7 @@ _EXPORTS = {
     "LocalZOResult": "local",
     "PerturbationSource": "perturbations",
     "SCHEMES": "perturbations",
+    "ZOConfig": "config",
     "ZODecoder": "fedsgd",
     "ZOSettings": "fedsgd",
     "client_messages": "fedsgd",

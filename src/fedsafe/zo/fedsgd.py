@@ -35,8 +35,20 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from fedsafe.zo.estimator import DEFAULT_CHUNK, DEFAULT_DECODE_CHUNK, LossFn, loss_differences_many, reconstruct
-from fedsafe.zo.perturbations import PerturbationSource, check_scheme, num_directions, upload_bytes
+from fedsafe.core.types import vector_problem
+from fedsafe.zo.estimator import (
+    DEFAULT_CHUNK,
+    DEFAULT_DECODE_CHUNK,
+    LossFn,
+    loss_differences_many,
+    reconstruct,
+)
+from fedsafe.zo.perturbations import (
+    PerturbationSource,
+    check_scheme,
+    num_directions,
+    upload_bytes,
+)
 
 SHARED_STREAM = "zo.delta"
 
@@ -166,8 +178,6 @@ class DecodedMomentum:
 
     def buffer_problem(self, buf: object, dim: int) -> str | None:
         """Why ``buf`` (e.g. from a checkpoint) cannot be this step's state, else None."""
-        from fedsafe.engine.server_optimizer import _vector_problem
-
         if buf is None:
             return None
         if not isinstance(buf, dict) or set(buf) != {"momentum", "inner"}:
@@ -175,7 +185,7 @@ class DecodedMomentum:
         m = buf["momentum"]
         if (m is None) != (self.momentum == 0):
             return f"client momentum {'missing' if m is None else 'present'}, but clients.momentum = {self.momentum}"
-        problem = None if m is None else _vector_problem(m, dim)
+        problem = None if m is None else vector_problem(m, dim)
         if problem is not None:
             return f"client momentum: {problem}"
         return self.inner.buffer_problem(buf["inner"], dim)

@@ -29,7 +29,13 @@ from torch import Tensor
 from torch.func import vmap
 
 from fedsafe.zo.clip import clip_inf
-from fedsafe.zo.estimator import DEFAULT_CHUNK, LossFn, _check_chunk, _directions_per_call, decode_scale
+from fedsafe.zo.estimator import (
+    DEFAULT_CHUNK,
+    LossFn,
+    _check_chunk,
+    _directions_per_call,
+    decode_scale,
+)
 from fedsafe.zo.perturbations import PerturbationSource, check_scheme, num_directions
 
 LOCAL_STREAM = "zo.local"

@@ -11,7 +11,11 @@ import numpy as np
 import pytest
 
 from fedsafe.privacy.he.circuit import CircuitSpec, DigitStrategy, ranks, trimmed_sum
-from fedsafe.privacy.he.emulator import decode_centered, emulate_trimmed_sum, reference_trimmed_sum
+from fedsafe.privacy.he.emulator import (
+    decode_centered,
+    emulate_trimmed_sum,
+    reference_trimmed_sum,
+)
 from fedsafe.privacy.he.encoding import DigitPlan, Quantizer
 from fedsafe.privacy.he.ops import EmulatorOps, NoiseModel, TraceOps
 from fedsafe.privacy.he.params import band, plan_hts

@@ -8,15 +8,38 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from fedsafe.privacy.secagg import SecAggConfig, SecAggError, crypto, fixedpoint, run_round
+from fedsafe.privacy.secagg import (
+    SecAggConfig,
+    SecAggError,
+    crypto,
+    fixedpoint,
+    run_round,
+)
 from fedsafe.privacy.secagg.client import ClientParty, share_aad
 from fedsafe.privacy.secagg.crypto import SeededRandomness
-from fedsafe.privacy.secagg.pki import Directory, Enrolment, advertisement_transcript, consistency_transcript
+from fedsafe.privacy.secagg.pki import (
+    Directory,
+    Enrolment,
+    advertisement_transcript,
+    consistency_transcript,
+)
 from fedsafe.privacy.secagg.server import ServerParty
 from fedsafe.privacy.secagg.shamir import combine
 from fedsafe.privacy.secagg.wire import (
-    SERVER, ConsistencyCheck, ConsistencySignature, Forward, Header, Keys, MsgType, SharePlaintext, SignedAdvertise,
-    SignedKeys, Signatures, decode_share_plaintext, encode, encode_share_plaintext,
+    SERVER,
+    ConsistencyCheck,
+    ConsistencySignature,
+    Forward,
+    Header,
+    Keys,
+    MsgType,
+    SharePlaintext,
+    Signatures,
+    SignedAdvertise,
+    SignedKeys,
+    decode_share_plaintext,
+    encode,
+    encode_share_plaintext,
 )
 
 D = 64

@@ -3,8 +3,14 @@
 import numpy as np
 import pytest
 
-from fedsafe.privacy.secagg import InMemoryTransport, SecAggConfig, SecAggError, run_round, seeded_randomness
-from fedsafe.privacy.secagg import crypto
+from fedsafe.privacy.secagg import (
+    InMemoryTransport,
+    SecAggConfig,
+    SecAggError,
+    crypto,
+    run_round,
+    seeded_randomness,
+)
 from fedsafe.privacy.secagg.shamir import combine
 from fedsafe.privacy.secagg.wire import SERVER, MsgType, decode
 

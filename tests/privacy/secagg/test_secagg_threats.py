@@ -9,7 +9,13 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from pydantic import ValidationError
 
-from fedsafe.privacy.secagg import SecAggConfig, SecAggError, crypto, fixedpoint, run_round
+from fedsafe.privacy.secagg import (
+    SecAggConfig,
+    SecAggError,
+    crypto,
+    fixedpoint,
+    run_round,
+)
 from fedsafe.privacy.secagg.client import ClientParty
 from fedsafe.privacy.secagg.server import ServerParty
 from fedsafe.privacy.secagg.shamir import combine

@@ -15,9 +15,31 @@ from fedsafe.privacy.secagg.pki import Enrolment
 from fedsafe.privacy.secagg.server import ServerParty
 from fedsafe.privacy.secagg.shamir import PRIME
 from fedsafe.privacy.secagg.wire import (
-    HEADER_BYTES, SEALED_BYTES, SERVER, Advertise, ConsistencyCheck, ConsistencySignature, Forward, Header, Keys,
-    Limits, Masked, MsgType, Setup, ShareKind, SharePlaintext, Shares, SignedAdvertise, SignedKeys, Signatures,
-    Unmask, UnmaskRequest, decode, decode_share_plaintext, encode, encode_share_plaintext,
+    HEADER_BYTES,
+    SEALED_BYTES,
+    SERVER,
+    Advertise,
+    ConsistencyCheck,
+    ConsistencySignature,
+    Forward,
+    Header,
+    Keys,
+    Limits,
+    Masked,
+    MsgType,
+    Setup,
+    ShareKind,
+    SharePlaintext,
+    Shares,
+    Signatures,
+    SignedAdvertise,
+    SignedKeys,
+    Unmask,
+    UnmaskRequest,
+    decode,
+    decode_share_plaintext,
+    encode,
+    encode_share_plaintext,
 )
 
 IDS = [0, 1, 2]

@@ -10,12 +10,17 @@ import pytest
 import torch
 
 from fedsafe.core.types import Message, RoundContext
-from fedsafe.privacy.tee import TEEConfig, TEEPrecisionWarning, TEEProtocol, estimated_relative_error
+from fedsafe.privacy.tee import (
+    TEEConfig,
+    TEEPrecisionWarning,
+    TEEProtocol,
+    estimated_relative_error,
+)
 from fedsafe.privacy.tee.numerics import RELIABLE, exact_sum, split_bits, split_gram
 
 
 def pipeline(rule="multi_krum", f=0, **params):
-    return SimpleNamespace(rule_name=rule, pre=[], f=f, rule=SimpleNamespace(keywords=params), previous=None)
+    return SimpleNamespace(rule_name=rule, pre=[], f=f, rule_params=params, previous=None)
 
 
 def updates(n, d, seed):

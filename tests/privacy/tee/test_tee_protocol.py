@@ -10,15 +10,20 @@ from pydantic import ValidationError
 from fedsafe.core.protocol import ProtocolError
 from fedsafe.core.types import Message, RoundContext
 from fedsafe.privacy.tee import COST_KEYS, TEEConfig, TEEProtocol
-from fedsafe.robust.filters import cosine_filter, cosine_filter_select, norm_filter, norm_filter_select
 from fedsafe.robust.aggregators import AGGREGATORS
 from fedsafe.robust.distances import pairwise_sq_distances
+from fedsafe.robust.filters import (
+    cosine_filter,
+    cosine_filter_select,
+    norm_filter,
+    norm_filter_select,
+)
 from fedsafe.robust.krum import multi_krum_select
 from fedsafe.robust.pipeline import RobustPipeline
 
 
 def fake_pipeline(rule, f, **params):
-    return SimpleNamespace(rule_name=rule, pre=[], f=f, rule=SimpleNamespace(keywords=params), previous=None)
+    return SimpleNamespace(rule_name=rule, pre=[], f=f, rule_params=params, previous=None)
 
 
 def attacked(n=15, f=3, d=300, seed=0):

@@ -6,25 +6,50 @@ import sys
 import numpy as np
 import pytest
 import torch
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 import fedsafe.privacy.tee.accelerator as accelerator_module
 from fedsafe.core.protocol import ProtocolError
 from fedsafe.core.types import Message, RoundContext
 from fedsafe.privacy.tee import (
-    AttestationError, IntegrityError, SimulatedPlatform, TEEConfig, TEEProtocol, measure, mi_bound_bits,
-    noise_constant, noise_ratio_for_bits, noise_variance, verify_quote,
+    AttestationError,
+    IntegrityError,
+    SimulatedPlatform,
+    TEEConfig,
+    TEEProtocol,
+    measure,
+    mi_bound_bits,
+    noise_constant,
+    noise_ratio_for_bits,
+    noise_variance,
+    verify_quote,
 )
-from fedsafe.privacy.tee.channel import ChannelEnd, client_binding, open_sealed, public_bytes, seal_for
+from fedsafe.privacy.tee.channel import (
+    ChannelEnd,
+    client_binding,
+    open_sealed,
+    public_bytes,
+    seal_for,
+)
 from fedsafe.privacy.tee.client import TEEClient
 from fedsafe.privacy.tee.enclave import DecodeError
 from fedsafe.privacy.tee.host import TEESession
 from fedsafe.privacy.tee.noise import (
-    NoiseError, NoisePool, make_block, orthogonal_noise, seal_block, secure_standard_normal, unseal_block,
+    NoiseError,
+    NoisePool,
+    make_block,
+    orthogonal_noise,
+    seal_block,
+    secure_standard_normal,
+    unseal_block,
 )
-from fedsafe.privacy.tee.threats import client_accelerator_projection, collude, norm_projection
+from fedsafe.privacy.tee.threats import (
+    client_accelerator_projection,
+    collude,
+    norm_projection,
+)
 from fedsafe.privacy.tee.wire import pack, unpack
 from fedsafe.robust.pipeline import RobustPipeline
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 
 def upload(s: TEESession, client: TEEClient, vector: torch.Tensor, round_: int) -> bytes:
@@ -296,3 +321,17 @@ def test_frames_round_trip_and_malformed_frames_are_errors():
                 frame.replace(b"[2,3]", b"[9,3]")):  # shape larger than the payload
         with pytest.raises(WireError):
             unpack(bad)
+
+
+def test_the_measurement_covers_every_module_the_enclave_loads():
+    # A module the enclave imports but the measurement skips could change without the quote
+    # changing: every fedsafe module loaded with the enclave must be measured.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, fedsafe.privacy.tee.enclave; from fedsafe.privacy.tee.attestation import ENCLAVE_MODULES; "
+        "print(sorted(m for m in sys.modules if m.startswith('fedsafe') and m not in ENCLAVE_MODULES))"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert res.stdout.strip() == "[]", res.stdout

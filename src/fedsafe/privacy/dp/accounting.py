@@ -2,7 +2,7 @@
 re-implemented here): ε of a run, noise calibration, and a round-by-round ``Accountant`` the
 engine checkpoints.
 
-Vocabulary (DESIGN.md): noise multiplier ``z`` = noise std / clip norm C, sampling probability
+Vocabulary (docs/architecture.md): noise multiplier ``z`` = noise std / clip norm C, sampling probability
 ``q``, rounds ``T``, ``delta``. One round of DP-FedAvg is one Gaussian release of the sum of
 client updates clipped to C (``fedsafe.privacy.dp.mechanisms``); with adaptive clipping the round is still
 one Gaussian release with the *total* z (Andrew et al. 2021, Thm 1; ``dp.adaptive_clip_split``),

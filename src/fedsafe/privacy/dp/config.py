@@ -16,12 +16,27 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from fedsafe.privacy.dp import accounting
-from fedsafe.privacy.dp.mechanisms import adaptive_clip_split, default_count_stddev, distributed_noise_multiplier
+from fedsafe.core.errors import ConfigError
+from fedsafe.privacy.dp.mechanisms import (
+    adaptive_clip_split,
+    default_count_stddev,
+    distributed_noise_multiplier,
+)
+
+if TYPE_CHECKING:
+    from fedsafe.privacy.dp import accounting
+
+
+def _accounting():
+    """dp-accounting and scipy load when a DP setting is checked, not when the config module is
+    imported (every ``fedsafe`` command imports the config)."""
+    from fedsafe.privacy.dp import accounting
+
+    return accounting
 
 DEFAULT_NOISE_MULTIPLIER = 1.0
 
@@ -48,7 +63,7 @@ class DPPlan:
     sample_size: int | None
 
     def new_accountant(self) -> accounting.Accountant:
-        return accounting.Accountant(self.delta, self.accountant, self.neighboring)
+        return _accounting().Accountant(self.delta, self.accountant, self.neighboring)
 
     @property
     def noise_shares(self) -> int:
@@ -85,7 +100,7 @@ class DPPlan:
         n = max(1, int(honest_shares))
         if n == self.noise_shares:
             return self.z
-        return accounting.grid_floor(distributed_noise_multiplier(self.z, n, self.noise_shares))
+        return _accounting().grid_floor(distributed_noise_multiplier(self.z, n, self.noise_shares))
 
     def compose_round(self, acc: accounting.Accountant, z: float | None = None, count: int = 1) -> None:
         """Compose ``count`` rounds of this plan into ``acc``, with noise multiplier ``z``
@@ -112,7 +127,7 @@ def _calibrate(
     sample_size: int | None,
     neighboring: str,
 ) -> float:
-    return accounting.calibrate_noise(
+    return _accounting().calibrate_noise(
         target,
         q,
         rounds,
@@ -181,11 +196,11 @@ class DPConfig(BaseModel):
 
     @staticmethod
     def _accounting_sampling(sampling: str) -> str:
-        if sampling in accounting.CLIENT_SAMPLING:
-            return accounting.CLIENT_SAMPLING[sampling]
-        if sampling in accounting.SAMPLINGS:
+        if sampling in _accounting().CLIENT_SAMPLING:
+            return _accounting().CLIENT_SAMPLING[sampling]
+        if sampling in _accounting().SAMPLINGS:
             return sampling
-        valid = sorted(set(accounting.CLIENT_SAMPLING) | set(accounting.SAMPLINGS))
+        valid = sorted(set(_accounting().CLIENT_SAMPLING) | set(_accounting().SAMPLINGS))
         raise ValueError(f"clients.sampling: unknown scheme {sampling!r}; valid: {', '.join(valid)}")
 
     @staticmethod
@@ -211,7 +226,7 @@ class DPConfig(BaseModel):
         if self.placement == "local":
             return "none", "replace_one"
         s = self._accounting_sampling(sampling)
-        return s, accounting.natural_neighboring(s)
+        return s, _accounting().natural_neighboring(s)
 
     def _split(self, z: float, m: float) -> tuple[float, float | None]:
         if not self.adaptive:
@@ -237,12 +252,12 @@ class DPConfig(BaseModel):
         multiplier, the adaptive-clipping split is possible. No-op when disabled."""
         if not self.enabled:
             return
-        accounting._check_count("rounds", rounds, 1)
+        _accounting()._check_count("rounds", rounds, 1)
         s, rel = self._where(sampling)
-        record = accounting.make_round_record(1.0, q, s, num_clients if s == "fixed" else None, sample_size)
+        record = _accounting().make_round_record(1.0, q, s, num_clients if s == "fixed" else None, sample_size)
         try:
-            accounting.Accountant(self.delta, self.accountant, rel).check_supported(record)
-        except accounting.UnsupportedAccountingError as err:
+            _accounting().Accountant(self.delta, self.accountant, rel).check_supported(record)
+        except _accounting().UnsupportedAccountingError as err:
             raise ValueError(f"dp.accountant: {err}") from None
         if self.target_epsilon is None:
             z = DEFAULT_NOISE_MULTIPLIER if self.noise_multiplier is None else self.noise_multiplier
@@ -316,3 +331,21 @@ class DPConfig(BaseModel):
             sample_size=(sample_size if sample_size is not None else int(m)) if fixed else None,
         )
 
+
+def make_plugin(setup: Any) -> Any:
+    """The round plugin for ``[dp]`` (``fedsafe.core.plugins.ROUND_PLUGINS``): None unless
+    ``dp.enabled``; a plan that cannot hold (e.g. adaptive clipping with too little noise) is a
+    ConfigError with its reason."""
+    cfg = setup.cfg
+    if not cfg.dp.enabled:
+        return None
+    from fedsafe.privacy.dp.plugin import DPPlugin
+
+    c = cfg.clients
+    try:
+        plan = cfg.dp.plan(
+            sampling=c.sampling, rounds=cfg.rounds, num_clients=c.num_clients, q=c.sample_rate, sample_size=c.sample_size,
+        )
+    except ValueError as e:
+        raise ConfigError([str(e)]) from None
+    return DPPlugin(plan, setup.seed)

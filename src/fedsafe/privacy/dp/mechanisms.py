@@ -1,7 +1,7 @@
 """Client-level DP-FedAvg as pure functions over tensors: clipping, Gaussian noise at a
 placement, and adaptive clipping (McMahan et al. 2018; Andrew et al. 2021).
 
-Vocabulary (DESIGN.md, dp-accounting's): the clip norm ``C`` bounds each client's update in
+Vocabulary (docs/architecture.md, dp-accounting's): the clip norm ``C`` bounds each client's update in
 L2; the noise multiplier ``z`` is noise std / ``C``; ``q`` is the sampling probability.
 
 One round of DP-FedAvg, ``m`` = the *expected* number of participants (``q·N`` for Poisson

@@ -31,20 +31,22 @@ taken part, which is how the round is accounted (``round_multiplier`` with n_t =
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from fedsafe.core.plugins import Plugin
+from fedsafe.core.plugins import Plugin, RoundHost
 from fedsafe.core.streams import torch_stream
 from fedsafe.core.types import Aggregate, Message, RoundContext
-from fedsafe.privacy.dp.mechanisms import clip_updates, client_noise, server_noise, update_clip
 from fedsafe.privacy.dp.config import DPPlan
-
-if TYPE_CHECKING:
-    from fedsafe.engine.federation import Federation
+from fedsafe.privacy.dp.mechanisms import (
+    client_noise,
+    clip_updates,
+    server_noise,
+    update_clip,
+)
 
 
 class DPPlugin(Plugin):
@@ -141,7 +143,7 @@ class DPPlugin(Plugin):
         zero = torch.zeros(self.message_dim(dim))
         return self.transform_aggregate(zero, ctx, None)
 
-    def on_round_end(self, fed: Federation, row: dict[str, Any]) -> dict[str, Any]:
+    def on_round_end(self, fed: RoundHost, row: dict[str, Any]) -> dict[str, Any]:
         p = self.plan
         z_t = p.round_multiplier(self._shares)
         p.compose_round(self.accountant, z_t)
@@ -160,7 +162,7 @@ class DPPlugin(Plugin):
         self._last, self._honest, self._shares = {}, frozenset(), 0
         return out
 
-    def summary(self, fed: Federation) -> dict[str, Any]:
+    def summary(self, fed: RoundHost) -> dict[str, Any]:
         return {
             "noise_multiplier": self.plan.z,
             "dp_placement": self.plan.placement,

@@ -9,7 +9,8 @@ LEarning" (arXiv:2309.05395). Modules:
 * :mod:`~fedsafe.privacy.he.ops`        emulator (numpy mod p) and trace (cost / noise) backends
 * :mod:`~fedsafe.privacy.he.params`     parameter selection (128-bit security, noise budget)
 * :mod:`~fedsafe.privacy.he.bfv`        TenSEAL/SEAL BFV backend: keys, nodes, server
-* :mod:`~fedsafe.privacy.he.protocol`   ``HEConfig`` and ``HEProtocol`` (``protocol = "he"``)
+* :mod:`~fedsafe.privacy.he.config`     ``HEConfig``, the ``[he]`` section
+* :mod:`~fedsafe.privacy.he.protocol`   ``HEProtocol`` (``protocol = "he"``)
 
 Encoding on TenSEAL's BFV
 -------------------------

@@ -37,7 +37,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from fedsafe.privacy.he.polynomials import PowerLadder, btw_poly_symmetric, neg_poly, zero_poly
+from fedsafe.privacy.he.polynomials import (
+    PowerLadder,
+    btw_poly_symmetric,
+    neg_poly,
+    zero_poly,
+)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,13 @@ import functools
 import math
 from dataclasses import dataclass, replace
 
-from fedsafe.privacy.he.circuit import CircuitSpec, DigitStrategy, digit_tests, select, trimmed_sum
+from fedsafe.privacy.he.circuit import (
+    CircuitSpec,
+    DigitStrategy,
+    digit_tests,
+    select,
+    trimmed_sum,
+)
 from fedsafe.privacy.he.encoding import DigitPlan
 from fedsafe.privacy.he.ops import NoiseModel, TraceOps
 from fedsafe.privacy.he.polynomials import btw_poly_symmetric

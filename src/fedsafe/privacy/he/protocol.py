@@ -29,18 +29,17 @@ from __future__ import annotations
 import functools
 import time
 import warnings
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from fedsafe.core.protocol import ProtocolError
+from fedsafe.core.errors import ProtocolError
 from fedsafe.core.streams import numpy_stream
 from fedsafe.core.types import Aggregate, Message, RoundContext, stack_messages
+from fedsafe.privacy.he.config import HEConfig
 from fedsafe.privacy.he.encoding import Quantizer
 from fedsafe.privacy.he.params import HEParameterError, HEParams, HEPlan, band, plan_hts
-from fedsafe.privacy.he.config import HEConfig
 
 SUPPORTED_RULES = ("trimmed_mean", "median")
 
@@ -339,3 +338,8 @@ def honest_rows(messages: list[Message], ctx: RoundContext) -> list[int]:
 @functools.lru_cache(maxsize=64)
 def _plan(n: int, lo: int, hi: int, delta: int, digits: int | None, ring: int | None, margin: float) -> HEPlan:
     return plan_hts(n, lo, hi, delta, digits=digits, poly_modulus_degree=ring, margin_bits=margin)
+
+
+def from_config(cfg: Any) -> HEProtocol:
+    """``protocol = "he"``: the protocol built from the experiment's ``[he]`` section."""
+    return HEProtocol(cfg.he)

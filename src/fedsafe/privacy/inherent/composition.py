@@ -34,7 +34,12 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy.special import gammaln, logsumexp
 
-from fedsafe.privacy.inherent.bounds import TABLE1_ROWS, dp_table1_closed_form, rdp_sgd_iid_isotropic_amplified, rdp_table1
+from fedsafe.privacy.inherent.bounds import (
+    TABLE1_ROWS,
+    dp_table1_closed_form,
+    rdp_sgd_iid_isotropic_amplified,
+    rdp_table1,
+)
 
 __all__ = [
     "DEFAULT_ALPHAS",

@@ -3,7 +3,7 @@ module: the config imports it without loading torch.func or scipy)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -30,3 +30,16 @@ class InherentConfig(BaseModel):
         if (self.sigma2 is None) == (self.target_epsilon is None):
             raise ValueError("set exactly one of inherent.sigma2 and inherent.target_epsilon")
         return self
+
+
+def make_plugin(setup: Any) -> Any:
+    """The round plugin for ``[inherent]`` (``fedsafe.core.plugins.ROUND_PLUGINS``): None without
+    the section. σ² is calibrated for the smallest user (its records, capped by ``max_records``)."""
+    cfg = setup.cfg
+    if cfg.inherent is None:
+        return None
+    from fedsafe.privacy.inherent.plugin import InherentPlugin
+
+    icfg = cfg.inherent
+    d_min = min(setup.client_sizes) if icfg.max_records is None else min(min(setup.client_sizes), icfg.max_records)
+    return InherentPlugin(icfg, rounds=cfg.rounds, num_users=cfg.clients.num_clients, dataset_size=d_min)

@@ -12,23 +12,19 @@ dataset D (the conservative choice for unequal partitions), composed by RDP summ
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import Tensor
 
-from fedsafe.core.plugins import Plugin
+from fedsafe.core.plugins import Plugin, RoundHost
 from fedsafe.core.streams import torch_stream
 from fedsafe.privacy.inherent.bounds import TABLE1_ROWS
 from fedsafe.privacy.inherent.composition import calibrate_sigma2, epsilon_schedule
+from fedsafe.privacy.inherent.config import InherentConfig, Row
 from fedsafe.privacy.inherent.gradients import per_example_grads
 from fedsafe.privacy.inherent.mechanisms import client_update
-from fedsafe.privacy.inherent.config import InherentConfig, Row
-
-if TYPE_CHECKING:
-    from fedsafe.engine.federation import Federation
 
 assert set(Row.__args__) == set(TABLE1_ROWS)  # type: ignore[attr-defined]
 
@@ -69,9 +65,13 @@ class InherentPlugin(Plugin):
         )
         self.schedule = epsilon_schedule(cfg.row, rounds, cfg.delta, sigma2=self.sigma2, **kw)
 
-    def on_round_end(self, fed: Federation, row: dict[str, Any]) -> dict[str, Any]:
+    def configure_clients(self, work: Any) -> None:
+        # the clients release the row with this σ² (algorithm = "inherent")
+        work.inherent = (self.cfg, self.sigma2)
+
+    def on_round_end(self, fed: RoundHost, row: dict[str, Any]) -> dict[str, Any]:
         eps = float(self.schedule[row["round"] - 1])
         return {"epsilon": eps, "delta": self.cfg.delta, "sigma2": self.sigma2}
 
-    def summary(self, fed: Federation) -> dict[str, Any]:
+    def summary(self, fed: RoundHost) -> dict[str, Any]:
         return {"inherent_row": self.cfg.row, "sigma2": self.sigma2}

@@ -44,9 +44,31 @@ from fedsafe.privacy.secagg.config import min_threshold
 from fedsafe.privacy.secagg.errors import SecAggError
 from fedsafe.privacy.secagg.transport import Transport
 from fedsafe.privacy.secagg.wire import (
-    SERVER, Advertise, ConsistencyCheck, ConsistencySignature, Forward, Header, Keys, Limits, Masked, MsgType,
-    Setup, SharePlaintext, Shares, ShareKind, SignedAdvertise, SignedKeys, Signatures, Unmask, UnmaskRequest,
-    check_header, decode_body, decode_header, decode_share_plaintext, encode, encode_share_plaintext,
+    SERVER,
+    Advertise,
+    ConsistencyCheck,
+    ConsistencySignature,
+    Forward,
+    Header,
+    Keys,
+    Limits,
+    Masked,
+    MsgType,
+    Setup,
+    ShareKind,
+    SharePlaintext,
+    Shares,
+    Signatures,
+    SignedAdvertise,
+    SignedKeys,
+    Unmask,
+    UnmaskRequest,
+    check_header,
+    decode_body,
+    decode_header,
+    decode_share_plaintext,
+    encode,
+    encode_share_plaintext,
 )
 
 _EXPECT = {
@@ -179,7 +201,7 @@ class ClientParty:
         if len(group) < t:
             raise self._abort(f"{len(group)} clients in its share group, threshold {t}")
         xs = [v + 1 for v in group]  # share index 0 would be the secret itself
-        mk = shamir.split(crypto.private_bytes_of(self._s_key), xs, t, self.rand.bytes)
+        mk = shamir.split(crypto.private_bytes(self._s_key), xs, t, self.rand.bytes)
         sd = shamir.split(self._seed, xs, t, self.rand.bytes)
         aad = share_aad(self.session, self.round)
         entries = []

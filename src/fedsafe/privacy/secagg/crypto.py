@@ -1,4 +1,6 @@
-"""Cryptographic primitives of the protocol, all from ``cryptography`` (OpenSSL).
+"""The protocol's cryptography: its labels, nonces and key schedule on the primitives of
+:mod:`fedsafe.privacy.crypto` (X25519, HKDF-SHA256, AES-256-GCM/CTR, Ed25519 from
+``cryptography``), which this module re-exports under the names the protocol uses.
 
 * Key agreement: X25519, the raw shared secret run through HKDF-SHA256 with the round's session
   id as salt and a purpose label (plus the two party ids) as info, so keys never repeat across
@@ -21,21 +23,39 @@ import os
 import struct
 
 import numpy as np
-from cryptography.exceptions import InvalidTag
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+from fedsafe.privacy.crypto import (
+    KEY_BYTES,
+    IntegrityError,
+    KeyAgreementError,
+    aes_ctr_keystream,
+    aes_gcm_decrypt,
+    aes_gcm_encrypt,
+    ed25519_private_key,
+    hkdf,
+    is_small_order,
+    private_bytes,
+    public_bytes,
+    sign,
+    verify,
+    x25519_agree,
+    x25519_private_key,
+)
 from fedsafe.privacy.secagg.errors import SecAggError
 
-KEY_BYTES = 32
-TAG_BYTES = 16
+# Re-exported: the protocol's modules and tests reach every primitive through this module.
+__all__ = [
+    "KEY_BYTES", "MaskExpander", "OsRandomness", "SeededRandomness", "agree", "ed25519_private_key", "expand_mask",
+    "hkdf", "is_small_order", "new_private_key", "new_signing_key", "open_sealed", "private_bytes", "public_bytes",
+    "seal", "sign", "verification_bytes", "verify", "x25519_private_key",
+]
+
 _LABEL = b"fedsafe/secagg/v1/"
+
+# An Ed25519 verification key is the raw public key of the signing key.
+verification_bytes = public_bytes
 
 
 # --- randomness ---------------------------------------------------------------------------------
@@ -56,8 +76,7 @@ class SeededRandomness:
     def __init__(self, seed: int | bytes, label: str) -> None:
         raw = seed if isinstance(seed, bytes) else int(seed).to_bytes(16, "big", signed=False)
         self.spec = (raw, label)  # to rebuild the same fresh stream in another process
-        key = hkdf(raw, salt=b"fedsafe-test-randomness", info=label.encode())
-        self._enc = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
+        self._enc = aes_ctr_keystream(hkdf(raw, salt=b"fedsafe-test-randomness", info=label.encode()))
 
     def bytes(self, n: int) -> bytes:
         return self._enc.update(bytes(n))
@@ -66,40 +85,9 @@ class SeededRandomness:
 # --- keys -------------------------------------------------------------------------------------
 
 
-def hkdf(secret: bytes, *, salt: bytes, info: bytes, length: int = KEY_BYTES) -> bytes:
-    return HKDF(algorithm=hashes.SHA256(), length=length, salt=salt, info=info).derive(secret)
-
-
 def new_private_key(rand: OsRandomness | SeededRandomness) -> X25519PrivateKey:
-    return X25519PrivateKey.from_private_bytes(rand.bytes(KEY_BYTES))
-
-
-def public_bytes(key: X25519PrivateKey) -> bytes:
-    return key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-
-
-def private_bytes_of(key: X25519PrivateKey) -> bytes:
-    return key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
-
-
-# Any fixed scalar detects small order: X25519 clamps every scalar to a multiple of 8, the
-# cofactor, so the product with a point of order 1, 2, 4 or 8 is the identity, whatever the scalar.
-_PROBE = X25519PrivateKey.from_private_bytes(bytes(range(1, KEY_BYTES + 1)))
-
-
-def is_small_order(public: bytes) -> bool:
-    """True when the 32-byte X25519 public key has small order (1, 2, 4 or 8): every key
-    agreement with it yields the all-zero shared secret, so a party advertising it could not
-    share a secret with anyone (and would make every peer reject it). Canonical or not (the
-    u-coordinate is read mod p, the top bit ignored), such keys are exactly those for which the
-    exchange with a fixed key gives zero; OpenSSL refuses that exchange."""
-    if len(public) != KEY_BYTES:
-        raise ValueError(f"an X25519 public key has {KEY_BYTES} bytes, got {len(public)}")
-    try:
-        _PROBE.exchange(X25519PublicKey.from_public_bytes(public))
-    except ValueError:
-        return True
-    return False
+    """An X25519 private key drawn from ``rand``."""
+    return x25519_private_key(rand.bytes(KEY_BYTES))
 
 
 def agree(
@@ -110,45 +98,20 @@ def agree(
 
     ``a``, ``b`` are the two party ids (order-independent). A public key that yields the all-zero
     shared secret (a small-order point) is rejected, naming ``peer`` and ``field``."""
-    try:
-        shared = private.exchange(X25519PublicKey.from_public_bytes(peer_public))
-    except ValueError as e:
-        raise SecAggError(f"unusable X25519 public key ({e})", sender=peer, field=field) from None
     lo, hi = min(a, b), max(a, b)
-    return hkdf(shared, salt=session, info=_LABEL + purpose.encode() + struct.pack("!II", lo, hi))
+    try:
+        return x25519_agree(private, peer_public, salt=session,
+                            info=_LABEL + purpose.encode() + struct.pack("!II", lo, hi))
+    except KeyAgreementError as e:
+        raise SecAggError(f"unusable X25519 public key ({e})", sender=peer, field=field) from None
 
 
 # --- signatures (long-term identity keys) -------------------------------------------------------
 
 
 def new_signing_key(rand: OsRandomness | SeededRandomness) -> Ed25519PrivateKey:
-    return Ed25519PrivateKey.from_private_bytes(rand.bytes(KEY_BYTES))
-
-
-def signing_key_from_bytes(raw: bytes) -> Ed25519PrivateKey:
-    return Ed25519PrivateKey.from_private_bytes(raw)
-
-
-def signing_key_bytes(key: Ed25519PrivateKey) -> bytes:
-    return key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
-
-
-def verification_bytes(key: Ed25519PrivateKey) -> bytes:
-    return key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-
-
-def sign(key: Ed25519PrivateKey, message: bytes) -> bytes:
-    return key.sign(message)
-
-
-def verify(verification_key: bytes, signature: bytes, message: bytes) -> bool:
-    """Whether ``signature`` is a valid Ed25519 signature of ``message`` under the raw 32-byte
-    ``verification_key`` (a malformed key or signature is simply invalid)."""
-    try:
-        Ed25519PublicKey.from_public_bytes(verification_key).verify(signature, message)
-    except (InvalidSignature, ValueError):
-        return False
-    return True
+    """An Ed25519 signing key drawn from ``rand``."""
+    return ed25519_private_key(rand.bytes(KEY_BYTES))
 
 
 # --- share encryption -------------------------------------------------------------------------
@@ -159,7 +122,8 @@ def _nonce(sender: int, recipient: int) -> bytes:
 
 
 def seal(key: bytes, sender: int, recipient: int, plaintext: bytes, aad: bytes) -> bytes:
-    return AESGCM(key).encrypt(_nonce(sender, recipient), plaintext, aad)
+    """AES-256-GCM of a share from ``sender`` to ``recipient`` (the pair's key, its own nonce)."""
+    return aes_gcm_encrypt(key, _nonce(sender, recipient), plaintext, aad)
 
 
 def open_sealed(
@@ -169,8 +133,8 @@ def open_sealed(
     """Decrypt a share sealed by ``sender`` for ``recipient``; ``via`` is the party that
     delivered it (named in the error, since either it or the author may have altered it)."""
     try:
-        return AESGCM(key).decrypt(_nonce(sender, recipient), ciphertext, aad)
-    except InvalidTag:
+        return aes_gcm_decrypt(key, _nonce(sender, recipient), ciphertext, aad)
+    except IntegrityError:
         raise SecAggError(
             f"sealed share of client {sender} for client {recipient} failed authentication",
             sender=via if via is not None else sender, field=field,
@@ -195,10 +159,7 @@ class MaskExpander:
         self._buf = bytearray(self.nbytes + 15)  # update_into wants block_size - 1 spare bytes
 
     def __call__(self, seed: bytes) -> np.ndarray:
-        if len(seed) != KEY_BYTES:
-            raise ValueError(f"mask seed must be {KEY_BYTES} bytes")
-        enc = Cipher(algorithms.AES(seed), modes.CTR(bytes(16))).encryptor()
-        enc.update_into(self._zeros, self._buf)
+        aes_ctr_keystream(seed).update_into(self._zeros, self._buf)
         return np.frombuffer(self._buf, dtype=self.dtype, count=self.dim)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fedsafe.core.protocol import ProtocolError
+from fedsafe.core.errors import ProtocolError
 
 
 class SecAggError(ProtocolError):

@@ -80,12 +80,12 @@ class Identity:
 
     def spec(self) -> tuple[bytes, dict[int, bytes]]:
         """Raw bytes to rebuild this identity where the client party lives (a Ray actor)."""
-        return crypto.signing_key_bytes(self.signing_key), self.directory.entries()
+        return crypto.private_bytes(self.signing_key), self.directory.entries()
 
     @classmethod
     def from_spec(cls, spec: tuple[bytes, Mapping[int, bytes]]) -> Identity:
         raw, keys = spec
-        return cls(crypto.signing_key_from_bytes(raw), Directory(keys))
+        return cls(crypto.ed25519_private_key(raw), Directory(keys))
 
 
 class Enrolment:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from fedsafe.core.protocol import ProtocolError
+from fedsafe.core.errors import ProtocolError
 from fedsafe.core.streams import numpy_stream
 from fedsafe.core.types import Aggregate, Message, RoundContext
 from fedsafe.privacy.secagg import crypto
@@ -164,3 +165,8 @@ class SecAggProtocol:
             "transport": {"bytes_up": dict(out.bytes_up), "bytes_down": dict(out.bytes_down)},
         }
         return Aggregate(vector=vector, count=len(out.survivors), cost=cost, seen=seen, metrics=metrics, included=tuple(out.survivors))
+
+
+def from_config(cfg: Any) -> SecAggProtocol:
+    """``protocol = "secagg"``: the protocol built from the experiment's ``[secagg]`` section."""
+    return SecAggProtocol(cfg.secagg)

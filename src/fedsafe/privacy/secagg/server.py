@@ -25,7 +25,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from fedsafe.privacy.secagg import crypto, fixedpoint, pki, shamir
 from fedsafe.privacy.secagg.config import SecAggConfig
@@ -33,9 +32,29 @@ from fedsafe.privacy.secagg.errors import SecAggError
 from fedsafe.privacy.secagg.graph import complete_graph, harary_graph
 from fedsafe.privacy.secagg.transport import Transport
 from fedsafe.privacy.secagg.wire import (
-    SERVER, SESSION_BYTES, Advertise, ConsistencyCheck, ConsistencySignature, Forward, Header, Keys, Limits,
-    Masked, MsgType, Setup, Shares, ShareKind, SignedAdvertise, SignedKeys, Signatures, Unmask, UnmaskRequest,
-    check_header, decode_body, decode_header, encode,
+    SERVER,
+    SESSION_BYTES,
+    Advertise,
+    ConsistencyCheck,
+    ConsistencySignature,
+    Forward,
+    Header,
+    Keys,
+    Limits,
+    Masked,
+    MsgType,
+    Setup,
+    ShareKind,
+    Shares,
+    Signatures,
+    SignedAdvertise,
+    SignedKeys,
+    Unmask,
+    UnmaskRequest,
+    check_header,
+    decode_body,
+    decode_header,
+    encode,
 )
 
 _EXPECT = {
@@ -307,7 +326,7 @@ class ServerParty:
             if not partners:
                 continue
             sk_bytes = self._rebuild(self._key_points.get(v, []), v, "mask key")
-            sk = X25519PrivateKey.from_private_bytes(sk_bytes)
+            sk = crypto.x25519_private_key(sk_bytes)
             if crypto.public_bytes(sk) != self.pks[v][1]:
                 raise SecAggError(f"round aborted: the mask key rebuilt for client {v} does not match its public key "
                                   "(inconsistent shares)")

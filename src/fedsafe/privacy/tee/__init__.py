@@ -41,7 +41,7 @@ _EXPORTS = {
     "noise_variance": "leakage",
     "TEEPrecisionWarning": "numerics", "estimated_relative_error": "numerics",
     "COST_KEYS": "protocol", "TEEConfig": "config", "TEEProtocol": "protocol",
-    "TEE_RULES": "rules",
+    "tee_rules": "rules",
 }
 __all__ = sorted(_EXPORTS)
 

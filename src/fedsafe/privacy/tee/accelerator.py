@@ -18,8 +18,8 @@ import time
 
 import numpy as np
 import torch
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+from fedsafe.privacy.crypto import x25519_private_key
 from fedsafe.privacy.tee.channel import ChannelEnd, IntegrityError, digest, public_bytes
 from fedsafe.privacy.tee.numerics import plain_gram, split_gram
 from fedsafe.privacy.tee.wire import error_frame, pack, pack_parts, unpack
@@ -39,7 +39,7 @@ class Accelerator:
         self.index = index
         self.keep_received = keep_received
         self.device = resolve_device(device, index - 1)
-        self._key = X25519PrivateKey.generate()
+        self._key = x25519_private_key()
         self._channel: ChannelEnd | None = None
         self.last_received: np.ndarray | None = None
 

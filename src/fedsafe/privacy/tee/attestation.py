@@ -39,16 +39,19 @@ import importlib.util
 import os
 from dataclasses import dataclass
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-from cryptography.hazmat.primitives.serialization import Encoding, PrivateFormat, PublicFormat, NoEncryption
-
+from fedsafe.privacy.crypto import (
+    ed25519_private_key,
+    hkdf,
+    private_bytes,
+    public_bytes,
+    sign,
+    verify,
+)
 from fedsafe.privacy.tee.wire import WireError, pack, unpack
 
 # The trusted computing base: every fedsafe module whose code executes inside the enclave.
 ENCLAVE_MODULES: tuple[str, ...] = (
+    "fedsafe.privacy.crypto",
     "fedsafe.privacy.tee.wire",
     "fedsafe.privacy.tee.channel",
     "fedsafe.privacy.tee.attestation",
@@ -63,6 +66,17 @@ ENCLAVE_MODULES: tuple[str, ...] = (
     "fedsafe.robust.rows",
     "fedsafe.robust.aggregators",
     "fedsafe.robust.selection",
+    "fedsafe.robust.split",
+    "fedsafe.core.registry",  # decides which selection a rule name runs
+    "fedsafe.core.errors",
+    "fedsafe.core.streams",
+    "fedsafe.core.lazy",
+    # package initialisers run inside the enclave too
+    "fedsafe",
+    "fedsafe.core",
+    "fedsafe.privacy",
+    "fedsafe.privacy.tee",
+    "fedsafe.robust",
 )
 
 _QUOTE_DOMAIN = b"fedsafe/tee/quote/v1"
@@ -125,9 +139,7 @@ class SimulatedPlatform:
     """The simulated hardware roots of trust: a quoting key and a fuse secret (see module doc)."""
 
     def __init__(self, quoting_key: bytes | None = None, fuse_secret: bytes | None = None) -> None:
-        self._quoting = (
-            Ed25519PrivateKey.from_private_bytes(quoting_key) if quoting_key else Ed25519PrivateKey.generate()
-        )
+        self._quoting = ed25519_private_key(quoting_key or None)  # empty or None: a fresh key
         self._fuse = fuse_secret if fuse_secret is not None else os.urandom(32)
         if len(self._fuse) != 32:
             raise ValueError("fuse secret must be 32 bytes")
@@ -135,12 +147,11 @@ class SimulatedPlatform:
     @property
     def verification_key(self) -> bytes:
         """The public half of the quoting key: what clients pin (the 'vendor root')."""
-        return self._quoting.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+        return public_bytes(self._quoting)
 
     def secrets(self) -> bytes:
         """The private material, for handing to the enclave process at start-up only."""
-        raw = self._quoting.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
-        return raw + self._fuse
+        return private_bytes(self._quoting) + self._fuse
 
     @classmethod
     def from_secrets(cls, data: bytes) -> SimulatedPlatform:
@@ -151,12 +162,11 @@ class SimulatedPlatform:
     def quote(self, *, measurement: bytes, enclave_public: bytes, nonce: bytes) -> Quote:
         """What the quoting enclave does: sign (measurement, enclave key, nonce)."""
         unsigned = Quote(measurement, enclave_public, nonce, b"")
-        return Quote(measurement, enclave_public, nonce, self._quoting.sign(unsigned.body()))
+        return Quote(measurement, enclave_public, nonce, sign(self._quoting, unsigned.body()))
 
     def sealing_key(self, measurement: bytes) -> bytes:
         """Key only code with ``measurement`` on this platform obtains (SGX's MRENCLAVE policy)."""
-        return HKDF(algorithm=hashes.SHA256(), length=32, salt=None,
-                    info=b"fedsafe/tee/seal/v1|" + measurement).derive(self._fuse)
+        return hkdf(self._fuse, salt=None, info=b"fedsafe/tee/seal/v1|" + measurement)
 
 
 def verify_quote(
@@ -174,10 +184,8 @@ def verify_quote(
             f"verifier nonce of {len(nonce)} bytes: need at least {MIN_NONCE_BYTES} fresh random bytes"
         )
     q = quote if isinstance(quote, Quote) else Quote.from_bytes(quote)
-    try:
-        Ed25519PublicKey.from_public_bytes(bytes(verification_key)).verify(q.signature, q.body())
-    except (InvalidSignature, ValueError):
-        raise AttestationError("quote signature does not verify under the platform's verification key") from None
+    if not verify(verification_key, q.signature, q.body()):
+        raise AttestationError("quote signature does not verify under the platform's verification key")
     if q.measurement != expected_measurement:
         raise AttestationError(
             f"enclave measurement {q.measurement.hex()[:16]}… differs from the expected "

@@ -1,4 +1,6 @@
-"""Authenticated encryption between parties: X25519 key agreement, HKDF-SHA256, AES-256-GCM.
+"""Authenticated encryption between parties: X25519 key agreement, HKDF-SHA256, AES-256-GCM
+(the primitives of :mod:`fedsafe.privacy.crypto`; this module holds the TEE's labels, nonces,
+associated data and framing).
 
 Two shapes of channel:
 
@@ -28,35 +30,36 @@ import hashlib
 import os
 import struct
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+# IntegrityError and public_bytes are also this module's own interface (enclave, accelerator,
+# host and tests import them from here).
+from fedsafe.privacy.crypto import (
+    KEY_BYTES,
+    TAG_BYTES,
+    IntegrityError,
+    aes_gcm_decrypt,
+    aes_gcm_decrypt_chunks,
+    aes_gcm_encrypt,
+    aes_gcm_encrypt_into,
+    public_bytes,
+    x25519_agree,
+    x25519_private_key,
+)
 from fedsafe.privacy.tee.wire import WireError, frame_with_slots, unpack
 
 CHUNK = 64 << 20  # bytes of plaintext per GCM call
 
-
-class IntegrityError(ValueError):
-    """A ciphertext failed authentication (tampered, replayed, reordered, or the wrong key)."""
-
-
-def public_bytes(key: X25519PrivateKey | X25519PublicKey) -> bytes:
-    pub = key.public_key() if isinstance(key, X25519PrivateKey) else key
-    return pub.public_bytes(Encoding.Raw, PublicFormat.Raw)
+_CLIENT_INFO = b"fedsafe/tee/client->enclave/v1|"
+_CHANNEL_INFO = b"fedsafe/tee/channel/v1|"
 
 
-def _hkdf(secret: bytes, info: bytes, length: int, salt: bytes | None = None) -> bytes:
-    return HKDF(algorithm=hashes.SHA256(), length=length, salt=salt, info=info).derive(secret)
-
-
-def _load_public(raw: bytes) -> X25519PublicKey:
-    if len(raw) != 32:
-        raise IntegrityError(f"an X25519 public key has 32 bytes, got {len(raw)}")
-    return X25519PublicKey.from_public_bytes(bytes(raw))
+def _agree(private: X25519PrivateKey, peer_public: bytes, info: bytes, length: int) -> bytes:
+    # The host relays every public key, so a key of the wrong length is a tampered message
+    # (IntegrityError); a small-order key stays a ValueError (KeyAgreementError), as before.
+    if len(peer_public) != KEY_BYTES:
+        raise IntegrityError(f"an X25519 public key has {KEY_BYTES} bytes, got {len(peer_public)}")
+    return x25519_agree(private, peer_public, salt=None, info=info, length=length)
 
 
 # --- client -> enclave ---------------------------------------------------------------------
@@ -67,25 +70,23 @@ def seal_for(recipient_public: bytes, plaintext: bytes | memoryview, *, context:
 
     ``context`` goes into the key derivation (e.g. measurement, round, client id); ``aad`` is
     authenticated but not encrypted. Returns ``ephemeral_public (32) | ciphertext``."""
-    eph = X25519PrivateKey.generate()
+    eph = x25519_private_key()
     eph_pub = public_bytes(eph)
-    shared = eph.exchange(_load_public(recipient_public))
-    key = _hkdf(shared, b"fedsafe/tee/client->enclave/v1|" + context + eph_pub + bytes(recipient_public), 32)
+    key = _agree(eph, recipient_public, _CLIENT_INFO + context + eph_pub + bytes(recipient_public), 32)
     # The key is used once, so a fixed nonce is safe.
-    return eph_pub + AESGCM(key).encrypt(b"\x00" * 12, plaintext, aad)
+    return eph_pub + aes_gcm_encrypt(key, bytes(12), plaintext, aad)
 
 
 def open_sealed(private: X25519PrivateKey, sealed: bytes | memoryview, *, context: bytes, aad: bytes) -> bytes:
     """Inverse of :func:`seal_for`; raises IntegrityError if anything was changed."""
     sealed = memoryview(sealed)
-    if sealed.nbytes < 32 + 16:
+    if sealed.nbytes < KEY_BYTES + TAG_BYTES:
         raise IntegrityError(f"sealed message of {sealed.nbytes} bytes is too short")
-    eph_pub = bytes(sealed[:32])
-    shared = private.exchange(_load_public(eph_pub))
-    key = _hkdf(shared, b"fedsafe/tee/client->enclave/v1|" + context + eph_pub + public_bytes(private), 32)
+    eph_pub = bytes(sealed[:KEY_BYTES])
+    key = _agree(private, eph_pub, _CLIENT_INFO + context + eph_pub + public_bytes(private), 32)
     try:
-        return AESGCM(key).decrypt(b"\x00" * 12, sealed[32:], aad)
-    except InvalidTag:
+        return aes_gcm_decrypt(key, bytes(12), sealed[KEY_BYTES:], aad)
+    except IntegrityError:
         raise IntegrityError("client ciphertext failed authentication") from None
 
 
@@ -113,14 +114,10 @@ class ChannelEnd:
             raise ValueError(f"role must be 'enclave' or 'accelerator', got {role!r}")
         mine, theirs = public_bytes(private), bytes(peer_public)
         enclave_pub, acc_pub = (mine, theirs) if role == "enclave" else (theirs, mine)
-        okm = _hkdf(
-            private.exchange(_load_public(theirs)),
-            b"fedsafe/tee/channel/v1|" + name.encode() + b"|" + enclave_pub + acc_pub,
-            64,
-        )
-        e2a, a2e = AESGCM(okm[:32]), AESGCM(okm[32:])
+        okm = _agree(private, theirs, _CHANNEL_INFO + name.encode() + b"|" + enclave_pub + acc_pub, 64)
+        e2a, a2e = okm[:32], okm[32:]
         self.name = name
-        self._send, self._recv = (e2a, a2e) if role == "enclave" else (a2e, e2a)
+        self._send_key, self._recv_key = (e2a, a2e) if role == "enclave" else (a2e, e2a)
         self._send_dir = b"E2A" if role == "enclave" else b"A2E"
         self._recv_dir = b"A2E" if role == "enclave" else b"E2A"
         self._send_seq = 0
@@ -149,14 +146,11 @@ class ChannelEnd:
         count = len(pieces)
         frame, slots = frame_with_slots(
             {"channel": self.name, "seq": seq, "kind": kind, "chunks": count},
-            {f"c{i}": p.nbytes + 16 for i, p in enumerate(pieces)},
+            {f"c{i}": p.nbytes + TAG_BYTES for i, p in enumerate(pieces)},
         )
         for i, p in enumerate(pieces):
             nonce, aad = self._nonce(seq, i), self._aad(self._send_dir, seq, kind, i, count)
-            if hasattr(self._send, "encrypt_into"):
-                self._send.encrypt_into(nonce, p, aad, slots[f"c{i}"])
-            else:  # cryptography < 44
-                slots[f"c{i}"][:] = self._send.encrypt(nonce, p, aad)
+            aes_gcm_encrypt_into(self._send_key, nonce, p, aad, slots[f"c{i}"])
         return frame
 
     def open(self, message: bytes | bytearray | memoryview, *, kind: str) -> bytearray:
@@ -183,20 +177,14 @@ class ChannelEnd:
             chunks = [blobs[f"c{i}"] for i in range(count)]
         except KeyError:
             raise IntegrityError(f"channel {self.name}: message {seq} lacks a chunk") from None
-        if any(c.nbytes < 16 for c in chunks):
+        if any(c.nbytes < TAG_BYTES for c in chunks):
             raise IntegrityError(f"channel {self.name}: message {seq} has a truncated chunk")
-        out = bytearray(sum(c.nbytes - 16 for c in chunks))
-        mv, at = memoryview(out), 0
         try:
-            for i, c in enumerate(chunks):
-                nonce, aad = self._nonce(seq, i), self._aad(self._recv_dir, seq, kind, i, count)
-                n = c.nbytes - 16
-                if hasattr(self._recv, "decrypt_into"):
-                    self._recv.decrypt_into(nonce, c, aad, mv[at : at + n])
-                else:  # cryptography < 44
-                    mv[at : at + n] = self._recv.decrypt(nonce, c, aad)
-                at += n
-        except InvalidTag:
+            out = aes_gcm_decrypt_chunks(
+                self._recv_key, chunks, [self._nonce(seq, i) for i in range(count)],
+                [self._aad(self._recv_dir, seq, kind, i, count) for i in range(count)],
+            )
+        except IntegrityError:
             raise IntegrityError(f"channel {self.name}: message {seq} failed authentication") from None
         self._recv_seq += 1
         return out

@@ -17,7 +17,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedsafe.privacy.tee.attestation import NONCE_BYTES, AttestationError, measure, verify_quote
+from fedsafe.privacy.tee.attestation import (
+    NONCE_BYTES,
+    AttestationError,
+    measure,
+    verify_quote,
+)
 from fedsafe.privacy.tee.channel import client_binding, seal_for
 from fedsafe.privacy.tee.wire import pack
 

@@ -26,16 +26,32 @@ from typing import Any
 
 import numpy as np
 import torch
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+from fedsafe.privacy.crypto import x25519_private_key
 from fedsafe.privacy.tee import rules
 from fedsafe.privacy.tee.attestation import MIN_NONCE_BYTES, SimulatedPlatform, measure
-from fedsafe.privacy.tee.channel import ChannelEnd, IntegrityError, client_binding, digest, open_sealed, public_bytes
-from fedsafe.privacy.tee.leakage import DEFAULT_NOISE_RATIO, mi_bound_bits, noise_constant, noise_ratio_for_bits
+from fedsafe.privacy.tee.channel import (
+    ChannelEnd,
+    IntegrityError,
+    client_binding,
+    digest,
+    open_sealed,
+    public_bytes,
+)
+from fedsafe.privacy.tee.leakage import (
+    DEFAULT_NOISE_RATIO,
+    mi_bound_bits,
+    noise_constant,
+    noise_ratio_for_bits,
+)
 from fedsafe.privacy.tee.noise import NoisePool
-from fedsafe.privacy.tee.numerics import decode_exact, decode_float64, estimated_abs_error, relative_to
+from fedsafe.privacy.tee.numerics import (
+    decode_exact,
+    decode_float64,
+    estimated_abs_error,
+    relative_to,
+)
 from fedsafe.privacy.tee.wire import WireError, error_frame, pack, pack_parts, unpack
-
 
 
 class DecodeError(ValueError):
@@ -50,7 +66,7 @@ class Enclave:
     def __init__(self, platform_secrets: bytes, settings: dict[str, Any]) -> None:
         self._platform = SimulatedPlatform.from_secrets(platform_secrets)
         self.measurement = measure()
-        self._key = X25519PrivateKey.generate()  # clients encrypt their updates to it
+        self._key = x25519_private_key()  # clients encrypt their updates to it
         self.clip = float(settings["clip"])
         self.arithmetic = str(settings.get("arithmetic", "exact"))
         self._ratio = settings.get("noise_ratio")
@@ -88,7 +104,7 @@ class Enclave:
                 i = int(head["accelerator"])
                 if i not in (1, 2):
                     raise ValueError(f"accelerator index must be 1 or 2, got {i}")
-                mine = X25519PrivateKey.generate()
+                mine = x25519_private_key()
                 self._channels[i] = ChannelEnd(mine, bytes.fromhex(head["public"]),
                                                name=f"accelerator-{i}", role="enclave")
                 return pack({"public": public_bytes(mine).hex()})

@@ -26,17 +26,27 @@ from typing import Any
 
 import torch
 
-from fedsafe.core.protocol import ProtocolError
+from fedsafe.core.errors import ProtocolError
+from fedsafe.privacy.crypto import KeyAgreementError
 from fedsafe.privacy.tee.accelerator import Accelerator
 from fedsafe.privacy.tee.attestation import AttestationError, SimulatedPlatform
 from fedsafe.privacy.tee.channel import IntegrityError
 from fedsafe.privacy.tee.enclave import DecodeError, Enclave
 from fedsafe.privacy.tee.noise import NoiseError
-from fedsafe.privacy.tee.wire import WireError, error_frame, join, pack, pack_parts, unpack
+from fedsafe.privacy.tee.wire import (
+    WireError,
+    error_frame,
+    join,
+    pack,
+    pack_parts,
+    unpack,
+)
 
 _ERRORS: dict[str, type[Exception]] = {
     "ProtocolError": ProtocolError, "IntegrityError": IntegrityError, "AttestationError": AttestationError,
     "NoiseError": NoiseError, "DecodeError": DecodeError, "WireError": WireError, "ValueError": ValueError,
+    # a small-order X25519 key: a ValueError, as it was before it had its own class
+    "KeyAgreementError": KeyAgreementError,
 }
 
 

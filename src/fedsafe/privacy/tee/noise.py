@@ -57,14 +57,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from torch import Tensor
 
-from fedsafe.privacy.tee.channel import IntegrityError
+from fedsafe.privacy.crypto import (
+    KEY_BYTES,
+    TAG_BYTES,
+    IntegrityError,
+    aes_ctr_keystream,
+    aes_gcm_decrypt_chunks,
+    aes_gcm_encrypt,
+    hkdf,
+)
 from fedsafe.privacy.tee.numerics import split_gram
 from fedsafe.privacy.tee.wire import WireError, pack, unpack
 
@@ -78,8 +81,7 @@ class NoiseError(ValueError):
 def secure_standard_normal(count: int, key: bytes | None = None) -> np.ndarray:
     """``count`` independent N(0, 1) float64 values from AES-256-CTR (Box–Muller on 53-bit
     uniforms in (0, 1)). ``key`` defaults to 32 fresh bytes from ``os.urandom``."""
-    key = key if key is not None else os.urandom(32)
-    enc = Cipher(algorithms.AES(key), modes.CTR(b"\x00" * 16)).encryptor()
+    enc = aes_ctr_keystream(key if key is not None else os.urandom(KEY_BYTES))
     out = np.empty(count + (count & 1), dtype=np.float64)
     zeros = bytes(8 * _CHUNK)
     for s in range(0, out.size, _CHUNK):
@@ -181,7 +183,7 @@ def _seal_aad(aad: bytes, index: int, count: int) -> bytes:
 
 def _file_key(key: bytes, salt: bytes) -> bytes:
     """The sealed file's own AES-256 key: HKDF-SHA256 of the sealing key under its salt."""
-    return HKDF(algorithm=hashes.SHA256(), length=32, salt=salt, info=_SEAL_INFO).derive(key)
+    return hkdf(key, salt=salt, info=_SEAL_INFO)
 
 
 def _chunk_nonce(index: int) -> bytes:
@@ -202,9 +204,9 @@ def seal_block(block: NoiseBlock, key: bytes, pool_id: str) -> bytes:
     plain = memoryview(pack({}, arrays))
     salt = os.urandom(_SEAL_SALT)
     count = max(1, -(-plain.nbytes // _SEAL_CHUNK))
-    aead = AESGCM(_file_key(key, salt))
-    chunks = {f"c{i}": aead.encrypt(_chunk_nonce(i), plain[i * _SEAL_CHUNK : (i + 1) * _SEAL_CHUNK],
-                                    _seal_aad(aad, i, count)) for i in range(count)}
+    file_key = _file_key(key, salt)
+    chunks = {f"c{i}": aes_gcm_encrypt(file_key, _chunk_nonce(i), plain[i * _SEAL_CHUNK : (i + 1) * _SEAL_CHUNK],
+                                       _seal_aad(aad, i, count)) for i in range(count)}
     return pack({"sealed_noise": _SEAL_VERSION, "chunks": count}, blobs={"aad": aad, "salt": salt, **chunks})
 
 
@@ -225,20 +227,12 @@ def unseal_block(data: bytes | memoryview, key: bytes, pool_id: str, seq: int) -
             f"sealed noise block is ({meta.get('pool')}, {meta.get('seq')}), expected ({pool_id}, {seq}): "
             "replayed or swapped"
         )
-    if len(salt) != _SEAL_SALT or any(c.nbytes < 16 for c in chunks):
+    if len(salt) != _SEAL_SALT or any(c.nbytes < TAG_BYTES for c in chunks):
         raise IntegrityError(f"sealed noise block {seq} is truncated")
-    inner = bytearray(sum(c.nbytes - 16 for c in chunks))  # decrypted in place: arrays are views
-    mv, at = memoryview(inner), 0
-    aead = AESGCM(_file_key(key, salt))
-    try:
-        for i, c in enumerate(chunks):
-            nonce, chunk_aad, n = _chunk_nonce(i), _seal_aad(bytes(aad), i, count), c.nbytes - 16
-            if hasattr(aead, "decrypt_into"):
-                aead.decrypt_into(nonce, c, chunk_aad, mv[at : at + n])
-            else:  # cryptography < 44
-                mv[at : at + n] = aead.decrypt(nonce, c, chunk_aad)
-            at += n
-    except InvalidTag:
+    try:  # decrypted in place into one buffer: the arrays unpacked below are views of it
+        inner = aes_gcm_decrypt_chunks(_file_key(key, salt), chunks, [_chunk_nonce(i) for i in range(count)],
+                                       [_seal_aad(bytes(aad), i, count) for i in range(count)])
+    except IntegrityError:
         raise IntegrityError(f"sealed noise block {seq} failed authentication (tampered or wrong key)") from None
     _, arrays, _ = unpack(inner)
     r = torch.from_numpy(arrays["r"])

@@ -21,24 +21,26 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from fedsafe.core.protocol import ProtocolError
+from fedsafe.core.errors import ProtocolError
 from fedsafe.core.types import Aggregate, Message, RoundContext
 from fedsafe.privacy.tee import rules
 from fedsafe.privacy.tee.attestation import AttestationError
 from fedsafe.privacy.tee.channel import IntegrityError
 from fedsafe.privacy.tee.client import TEEClient
+from fedsafe.privacy.tee.config import TEEConfig
 from fedsafe.privacy.tee.enclave import DecodeError
 from fedsafe.privacy.tee.host import TEESession, checked
-from fedsafe.privacy.tee.leakage import mi_bound_bits, noise_ratio_for_bits
 from fedsafe.privacy.tee.noise import NoiseError
-from fedsafe.privacy.tee.numerics import RELIABLE, estimated_relative_error, warn_if_unreliable
+from fedsafe.privacy.tee.numerics import (
+    RELIABLE,
+    estimated_relative_error,
+    warn_if_unreliable,
+)
 from fedsafe.privacy.tee.wire import WireError, pack_parts
-from fedsafe.privacy.tee.config import TEEConfig
 
 # Aggregate.cost keys, all per round: seconds (…_seconds) and bytes (bytes_…).
 COST_KEYS = (
@@ -63,8 +65,8 @@ COST_KEYS = (
 
 
 def rule_params(pipeline: Any) -> dict[str, Any]:
-    """The rule's configured parameters (the registry binds them with functools.partial)."""
-    return dict(getattr(pipeline.rule, "keywords", None) or {})
+    """The rule's configured parameters (``RobustPipeline.rule_params``)."""
+    return dict(pipeline.rule_params)
 
 
 class TEEProtocol:
@@ -277,3 +279,8 @@ class TEEProtocol:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def from_config(cfg: Any) -> TEEProtocol:
+    """``protocol = "tee"``: the protocol built from the experiment's ``[tee]`` section."""
+    return TEEProtocol(cfg.tee)

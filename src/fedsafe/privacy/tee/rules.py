@@ -1,6 +1,8 @@
 """The robust rules the TEE offload runs, and why the others cannot.
 
-Each rule has two phases: a *selection* from the decoded distance matrix ``D`` or Gram matrix
+The rules are those the robust registry tags ``"distance_split"`` (``fedsafe.robust.split``):
+this module reads them, their parameters and their two phases from ``AGGREGATORS``, so a rule
+added there with a split runs on the TEE with no change here. Each rule has two phases: a *selection* from the decoded distance matrix ``D`` or Gram matrix
 ``G`` (what the accelerators make possible), then an *aggregation* of the selected plaintext
 updates inside the enclave, with the robust package's own code so that a TEE round and a
 plaintext round with the same selection give bit-identical aggregates:
@@ -21,31 +23,24 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import Tensor
 
-from fedsafe.robust.filters import cosine_filter_select, norm_filter_select
-from fedsafe.robust.aggregators import mean_around_median
-from fedsafe.robust.rows import average_rows
-from fedsafe.robust.krum import bulyan_select, krum_select, multi_krum_select
-
-# rule -> the parameters it accepts
-TEE_RULES: dict[str, tuple[str, ...]] = {
-    "krum": (),
-    "multi_krum": ("m",),
-    "bulyan": (),
-    "norm_filter": ("factor",),
-    "cosine_filter": (),
-}
+from fedsafe.robust.aggregators import AGGREGATORS
+from fedsafe.robust.split import TAG, split_of
 
 _COORDINATE_WISE = {"median", "trimmed_mean", "meamed", "signguard", "dnc", "centered_clipping", "mean"}
 
 
+def tee_rules() -> dict[str, tuple[str, ...]]:
+    """Rule -> the parameters it accepts, for every rule the offload runs."""
+    return {name: tuple(AGGREGATORS.entry(name).params) for name in AGGREGATORS.tagged(TAG)}
+
+
 def refusal(rule: str) -> str | None:
     """Why ``rule`` cannot run on the TEE offload, or None if it can."""
-    if rule in TEE_RULES:
+    valid = tee_rules()
+    if rule in valid:
         return None
-    valid = ", ".join(TEE_RULES)
     if rule in _COORDINATE_WISE:
         why = (
             "it works on individual coordinates (or whole vectors, not their distances); the "
@@ -55,37 +50,28 @@ def refusal(rule: str) -> str | None:
         )
     else:
         why = "the offload decodes only pairwise distances and inner products, and this rule is not implemented on them"
-    return f"rule {rule!r} cannot run with protocol 'tee': {why}. Valid rules: {valid}"
+    return f"rule {rule!r} cannot run with protocol 'tee': {why}. Valid rules: {', '.join(valid)}"
 
 
 def check_params(rule: str, params: dict[str, Any]) -> None:
-    unknown = sorted(set(params) - set(TEE_RULES[rule]))
+    allowed = tee_rules()[rule]
+    unknown = sorted(set(params) - set(allowed))
     if unknown:
-        allowed = ", ".join(TEE_RULES[rule]) or "none"
-        raise ValueError(f"rule {rule!r} with protocol 'tee': unknown parameter(s) {', '.join(unknown)}; valid: {allowed}")
+        raise ValueError(
+            f"rule {rule!r} with protocol 'tee': unknown parameter(s) {', '.join(unknown)}; "
+            f"valid: {', '.join(allowed) or 'none'}"
+        )
 
 
 def select(rule: str, gram: Tensor, dist: Tensor, f: int, params: dict[str, Any]) -> Tensor:
     """Indices of the selected updates (the order the rule defines)."""
+    split = split_of(AGGREGATORS, rule)
+    if split is None:
+        raise ValueError(refusal(rule))
     check_params(rule, params)
-    if rule == "krum":
-        return torch.tensor([krum_select(dist, f)])
-    if rule == "multi_krum":
-        return multi_krum_select(dist, f, params.get("m"))
-    if rule == "bulyan":
-        return bulyan_select(dist, f)
-    if rule == "norm_filter":
-        return norm_filter_select(gram, f, **params)
-    if rule == "cosine_filter":
-        return cosine_filter_select(gram, f)
-    raise ValueError(refusal(rule))
+    return split.select(dist if split.matrix == "distances" else gram, f, **params)
 
 
 def combine(rule: str, updates: Tensor, idx: Tensor, f: int) -> Tensor:
     """The aggregate of the selected ``updates[idx]``, as the plaintext rule computes it."""
-    if rule == "krum":
-        return updates[int(idx[0])].clone()
-    if rule == "bulyan":
-        theta = idx.numel()
-        return mean_around_median(torch.sort(updates.index_select(0, idx), dim=0).values, theta - 2 * f)
-    return average_rows(updates, idx)
+    return split_of(AGGREGATORS, rule).combine(updates, idx, f)

@@ -18,7 +18,12 @@ from scipy.stats import norm
 
 from fedsafe.config import apply_overrides, validate
 from fedsafe.engine.federation import Federation
-from fedsafe.privacy.dp.accounting import RDP_ORDERS, Accountant, calibrate_noise, epsilon
+from fedsafe.privacy.dp.accounting import (
+    RDP_ORDERS,
+    Accountant,
+    calibrate_noise,
+    epsilon,
+)
 
 DELTA = 1e-5
 

@@ -12,6 +12,7 @@ import torch
 from pydantic import ValidationError
 
 from fedsafe.privacy.dp import accounting
+from fedsafe.privacy.dp.config import DPConfig
 from fedsafe.privacy.dp.mechanisms import (
     adaptive_clip_split,
     client_noise,
@@ -24,7 +25,6 @@ from fedsafe.privacy.dp.mechanisms import (
     unclipped_indicator,
     update_clip,
 )
-from fedsafe.privacy.dp.config import DPConfig
 
 
 def _gen(seed: int = 0) -> torch.Generator:

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from fedsafe.config import ConfigError, apply_overrides, validate
+from fedsafe.core.types import Aggregate, RoundContext
 from fedsafe.engine.federation import Federation
 from fedsafe.engine.metrics import read_metrics
 from fedsafe.engine.run import run_experiment
-from fedsafe.core.types import Aggregate, RoundContext
 
 
 def cfg(**over):

@@ -16,11 +16,11 @@ from scipy import optimize
 from scipy.stats import norm
 
 from fedsafe.config import apply_overrides, validate
+from fedsafe.core.protocol import PlainProtocol
+from fedsafe.core.types import Message, RoundContext
 from fedsafe.engine.federation import Federation
 from fedsafe.engine.metrics import read_metrics
-from fedsafe.core.protocol import PlainProtocol
 from fedsafe.engine.run import run_experiment
-from fedsafe.core.types import Message, RoundContext
 from fedsafe.privacy.dp import accounting
 from fedsafe.robust.pipeline import RobustPipeline
 

@@ -1,0 +1,64 @@
+"""The backpropagation client algorithms (``fedsafe.core.clients`` has the interface).
+
+``dsgd`` (Robust-DSGD / SABLE): each client takes one minibatch gradient per round at the
+global model and sends its local momentum ``m ← βm + (1−β)(g + λw)``.
+``fedavg``: each client runs local SGD steps ``w ← w − η(g + λw)`` and sends ``w − w_global``;
+the server's descent direction is the negated mean delta (server lr 1 = plain FedAvg). With
+``local_epochs = E`` a client of ``n_i`` samples runs ``E·⌈n_i/B⌉`` steps; clients that finish
+early are masked out of later steps, so all clients still move in one batched call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fedsafe.core.clients import ClientAlgorithm, LocalResult
+
+
+class DSGD(ClientAlgorithm):
+    """one minibatch gradient at the global model; sends local momentum"""
+
+    keeps_momentum = True
+
+    def run(self, work: Any, round_: int, params: Tensor, ids: np.ndarray, momentum: Tensor | None,
+            label_transform: Any) -> LocalResult:
+        cfg = work.cfg
+        x, y = work.batch(round_, 0, ids, label_transform)
+        g, losses = work.backend.gradients(params, x, y)
+        if cfg.weight_decay:
+            g = g + cfg.weight_decay * params
+        if momentum is None:
+            raise ValueError("dsgd needs the clients' momentum rows")
+        m = cfg.momentum * momentum + (1 - cfg.momentum) * g
+        return LocalResult(m, losses, m)
+
+
+class FedAvg(ClientAlgorithm):
+    """local SGD steps; sends the model delta"""
+
+    def run(self, work: Any, round_: int, params: Tensor, ids: np.ndarray, momentum: Tensor | None,
+            label_transform: Any) -> LocalResult:
+        cfg = work.cfg
+        steps = work.steps[ids]
+        local = params.expand(len(ids), -1).clone()
+        losses = params.new_zeros(len(ids))
+        for s in range(int(steps.max(initial=0))):
+            active = np.flatnonzero(steps > s)
+            x, y = work.batch(round_, s, ids[active], label_transform)
+            rows = torch.from_numpy(active)
+            w = local[rows]
+            g, l = work.backend.gradients(params if s == 0 else w, x, y)
+            if s == 0:
+                losses[rows] = l
+            if cfg.weight_decay:
+                g = g + cfg.weight_decay * w
+            local[rows] = w - cfg.lr * g
+        return LocalResult(local - params, losses, None)
+
+    def decode(self, work: Any, aggregate: Tensor, round_: int) -> Tensor:
+        return -aggregate  # messages are model deltas
+
