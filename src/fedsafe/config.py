@@ -210,7 +210,7 @@ class RayConfig(Strict):
     num_gpus: float = Field(0.0, ge=0, description="GPUs reserved per client task")
     max_concurrent: int | None = Field(None, ge=1, description="cap on tasks in flight")
     clients_per_task: int = Field(1, ge=1, description="clients computed by one task")
-    inner: Literal["serial", "vectorized"] = Field("serial", description="backend inside a task")
+    inner: Literal["auto", "serial", "vectorized"] = Field("serial", description="backend inside a task")
     retries: int = Field(0, ge=0, le=100, description="retries of a failed task before its clients drop out")
     task_timeout: float | None = Field(
         None, gt=0, description="seconds after submission before a client task is cancelled and its clients "
@@ -238,7 +238,11 @@ class ExperimentConfig(Strict):
     checkpoint_every: int = Field(
         10, ge=0, description="checkpoint every this many rounds and at the last (0: never); --resume continues from it"
     )
-    execution: Literal["serial", "vectorized", "ray"] = "vectorized"
+    execution: Literal["auto", "serial", "vectorized", "ray"] = Field(
+        "auto", description="auto: vectorized, or a plain loop for models too large to batch "
+        "(fedsafe.engine.backends.make_backend); serial: a plain autograd loop; vectorized: vmap over "
+        "cache-sized chunks of clients; ray: client tasks on a Ray cluster (ray.inner inside each task)"
+    )
     protocol: str = Field(
         "plain", description="who sees what (a registered protocol, fedsafe.core.protocol.PROTOCOLS): plain: "
         "the server sees every update; secagg: only the sum (Bonawitz/SecAgg+); he: trimmed mean / median "

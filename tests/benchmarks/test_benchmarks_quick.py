@@ -47,7 +47,7 @@ def run_quick(script: str, tmp: Path) -> tuple[subprocess.CompletedProcess[str],
 
 def test_the_folder_holds_the_known_benchmarks() -> None:
     # The glob is what keeps new scripts covered; make sure it sees the folder at all.
-    assert {"aggregators.py", "engine_throughput.py", "he_hts.py", "ray_scaling.py", "secagg.py",
+    assert {"aggregators.py", "engine_vs_reference.py", "he_hts.py", "ray_scaling.py", "secagg.py",
             "tee_offload.py", "zo_forward.py"} <= set(SCRIPTS)
 
 

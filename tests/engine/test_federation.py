@@ -47,12 +47,48 @@ def close_rows(a, b, rtol=1e-4):
         {"clients.sampling": "fixed", "clients.sample_size": 5, "clients.weight_decay": 1e-3},
     ],
 )
-def test_serial_and_vectorized_agree(over):
+@pytest.mark.parametrize("chunk", [None, 3])
+def test_serial_and_vectorized_agree(over, chunk, monkeypatch):
+    # chunk 3: vmap over 3 clients at a time into one output (what execution = "auto" does for
+    # models whose gradients of every client do not fit in AUTO_CHUNK_BYTES)
+    from fedsafe.engine import backends
+
+    if chunk is not None:
+        monkeypatch.setattr(backends, "auto_chunk", lambda dim, itemsize=4: chunk)
+        monkeypatch.setattr(backends, "AUTO_WHOLE_BYTES", 0)
     fa = Federation(small(execution="serial", **over))
     fb = Federation(small(execution="vectorized", **over))
+    assert backends.describe(fb.backend) == f"vectorized(chunk={chunk or backends.auto_chunk(fb.layout.dim)})"
     fa.run(), fb.run()
     close_rows(fa.rows, fb.rows)
     torch.testing.assert_close(fa.state.params, fb.state.params, rtol=1e-4, atol=1e-5)
+
+
+def test_auto_execution_batches_small_models_and_loops_over_large_ones():
+    from fedsafe.engine import backends
+
+    assert backends.auto_chunk(7510) == (8 << 20) // (4 * 7510) == 279
+    assert backends.auto_chunk(75010) == 27 and backends.auto_chunk(431080) == 4
+    assert backends.auto_chunk(5_000_000) == 1
+    fed = Federation(small(execution="auto"))
+    assert backends.describe(fed.backend) == f"vectorized(chunk={backends.auto_chunk(fed.layout.dim)})"
+    fed.run()
+    assert fed.summary()["execution"] == backends.describe(fed.backend)
+    big = Federation(small(execution="auto", **{"model.hidden": 40_000}))  # 2.97M parameters
+    assert big.layout.dim > (8 << 20) // 8 and backends.describe(big.backend) == "serial"
+
+
+def test_every_client_taking_part_keeps_momentum_without_copies():
+    # with sampling "all" the round's momentum becomes the state itself (no gather or scatter);
+    # with a sample, the rows are gathered and written back: both equal the formula
+    fed = Federation(small(rounds=2))
+    fed.run_round()
+    m1 = fed.state.momentum.clone()
+    fed.run_round()
+    assert fed.state.momentum.data_ptr() != m1.data_ptr()
+    part = Federation(small(rounds=2, **{"clients.sampling": "fixed", "clients.sample_size": 8}))
+    part.run()
+    torch.testing.assert_close(part.state.params, fed.state.params)
 
 
 def test_fedavg_masks_clients_that_finished():

@@ -22,7 +22,7 @@ import torch
 
 from fedsafe.core.errors import ProtocolError
 from fedsafe.core.registry import Registry
-from fedsafe.core.types import Aggregate, Message, RoundContext, stack_messages
+from fedsafe.core.types import Aggregate, Message, RoundContext, client_ids, stack_messages
 
 
 class SecureProtocol(TypingProtocol):
@@ -43,10 +43,16 @@ class SecureProtocol(TypingProtocol):
 def finite_rows(updates: torch.Tensor) -> torch.Tensor:
     """Boolean mask of the rows whose every entry is finite.
 
-    NaN propagates through max/min and ±Inf is the max or min of its row, so two row
-    reductions decide it without materialising an (n, d) boolean matrix (~10x faster).
+    One pass: a row's sum is finite when every entry is (NaN and ±Inf propagate), so only the
+    rows whose sum is not finite — a non-finite entry, or finite entries whose sum overflows —
+    are looked at again, with max and min (NaN propagates through both, ±Inf is one of them).
     """
-    return torch.isfinite(updates.amax(dim=1)) & torch.isfinite(updates.amin(dim=1))
+    ok = torch.isfinite(updates.sum(dim=1))
+    if not bool(ok.all()):
+        bad = (~ok).nonzero().flatten()
+        rows = updates.index_select(0, bad)
+        ok[bad] = torch.isfinite(rows.amax(dim=1)) & torch.isfinite(rows.amin(dim=1))
+    return ok
 
 
 class PlainProtocol:
@@ -76,11 +82,11 @@ class PlainProtocol:
             count=int(kept.shape[0]),
             cost={
                 "aggregate_seconds": time.perf_counter() - t0,
-                "bytes_up": float(sum(m.vector.numel() * m.vector.element_size() for m in messages)),
+                "bytes_up": float(updates.numel() * updates.element_size()),
             },
             seen={"server": "individual updates"},
             metrics={"excluded_nonfinite": float(excluded)},
-            included=tuple(int(m.client_id) for m, keep in zip(messages, ok.tolist()) if keep),
+            included=tuple(c for c, keep in zip(client_ids(messages), ok.tolist()) if keep),
         )
 
 

@@ -65,9 +65,12 @@ def counter_uniform(seed: int, name: str, *keys: np.ndarray | int) -> np.ndarray
         state = np.uint64(0)
         for w in words:
             state = _splitmix64(np.asarray(state ^ np.uint64(w), dtype=np.uint64))
-        arrays = np.broadcast_arrays(*[np.asarray(k, dtype=np.int64) for k in keys])
-        h = np.broadcast_to(state, arrays[0].shape if arrays else ()).astype(np.uint64)
-        for a in arrays:
+        # Each key is folded in at its own shape and broadcast only as far as it needs: keys
+        # (client[:, None], round, step, position[None, :]) cost one (n, 1) pass per leading key
+        # and two (n, w) passes in all, not one per key (the values are the same either way).
+        h = np.asarray(state, dtype=np.uint64)
+        for k in keys:
+            a = np.asarray(k, dtype=np.int64)
             if (a < 0).any():
                 raise ValueError(f"counter keys must be >= 0 (stream {name!r})")
             h = _splitmix64(h ^ a.astype(np.uint64))

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 import torch
 from torch import Tensor
@@ -47,8 +50,71 @@ class Aggregate:
     included: tuple[int, ...] | None = None
 
 
-def stack_messages(messages: list[Message]) -> Tensor:
-    """The (n, dim) matrix of message vectors, in message order."""
+class Messages(Sequence[Message]):
+    """A round's messages held as one ``(n, dim)`` matrix with their client ids and weights.
+
+    It is a sequence of :class:`Message` (indexing gives a message whose vector is a view of
+    the row), so code that iterates messages works unchanged, while the engine and the plain
+    protocol use :attr:`matrix` directly: the honest clients' updates go from client work to
+    the robust rule without being split into rows and stacked again. ``+`` with messages
+    (another ``Messages`` or a list) concatenates into a new matrix: one copy.
+    """
+
+    __slots__ = ("matrix", "ids", "weights")
+
+    def __init__(self, ids: Sequence[int] | np.ndarray, matrix: Tensor, weights: Sequence[float] | None = None) -> None:
+        if matrix.ndim != 2 or matrix.shape[0] != len(ids):
+            raise ValueError(f"messages: a ({len(ids)}, dim) matrix is needed, got shape {tuple(matrix.shape)}")
+        self.matrix = matrix
+        self.ids = np.asarray(ids, dtype=np.int64)
+        self.weights = None if weights is None else np.asarray(weights, dtype=np.float64)
+
+    @classmethod
+    def of(cls, messages: Sequence[Message]) -> Messages:
+        """``messages`` as a :class:`Messages` (itself when it already is one): a copy, the stack."""
+        if isinstance(messages, Messages):
+            return messages
+        weights = [m.weight for m in messages]
+        return cls([m.client_id for m in messages], stack_messages(messages),
+                   None if all(w == 1.0 for w in weights) else weights)
+
+    def __len__(self) -> int:
+        return self.matrix.shape[0]
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return Messages(self.ids[i], self.matrix[i], None if self.weights is None else self.weights[i])
+        return Message(int(self.ids[i]), self.matrix[i], 1.0 if self.weights is None else float(self.weights[i]))
+
+    def __add__(self, other: Sequence[Message]) -> Messages:
+        if len(other) == 0:
+            return self
+        o = Messages.of(other)
+        if self.weights is None and o.weights is None:
+            weights = None
+        else:
+            weights = np.concatenate([
+                np.ones(len(self)) if self.weights is None else self.weights,
+                np.ones(len(o)) if o.weights is None else o.weights,
+            ])
+        return Messages(np.concatenate([self.ids, o.ids]), torch.cat([self.matrix, o.matrix.to(self.matrix.dtype)]), weights)
+
+    def __repr__(self) -> str:
+        return f"Messages(n={len(self)}, dim={self.matrix.shape[1]})"
+
+
+def client_ids(messages: Sequence[Message]) -> tuple[int, ...]:
+    """The clients of ``messages``, in order."""
+    if isinstance(messages, Messages):
+        return tuple(messages.ids.tolist())
+    return tuple(int(m.client_id) for m in messages)
+
+
+def stack_messages(messages: Sequence[Message]) -> Tensor:
+    """The (n, dim) matrix of message vectors, in message order (for :class:`Messages`, its
+    matrix itself: no copy)."""
+    if isinstance(messages, Messages):
+        return messages.matrix
     if not messages:
         raise ValueError("no messages to aggregate")
     dims = {m.vector.shape for m in messages}

@@ -27,14 +27,15 @@ class DSGD(ClientAlgorithm):
     def run(self, work: Any, round_: int, params: Tensor, ids: np.ndarray, momentum: Tensor | None,
             label_transform: Any) -> LocalResult:
         cfg = work.cfg
-        x, y = work.batch(round_, 0, ids, label_transform)
-        g, losses = work.backend.gradients(params, x, y)
-        if cfg.weight_decay:
-            g = g + cfg.weight_decay * params
         if momentum is None:
             raise ValueError("dsgd needs the clients' momentum rows")
-        m = cfg.momentum * momentum + (1 - cfg.momentum) * g
-        return LocalResult(m, losses, m)
+        x, y = work.batch(round_, 0, ids, label_transform)
+        g, losses = work.backend.gradients(params, x, y)  # a fresh (n, d) tensor: updated in place
+        if cfg.weight_decay:
+            g.add_(params, alpha=cfg.weight_decay)
+        if cfg.momentum:  # m = βm + (1 − β)g, one fused pass over g
+            g.mul_(1 - cfg.momentum).add_(momentum, alpha=cfg.momentum)
+        return LocalResult(g, losses, g)
 
 
 class FedAvg(ClientAlgorithm):

@@ -22,9 +22,9 @@ from fedsafe.core.errors import CheckpointError, ConfigError, RequirementError
 from fedsafe.core.plugins import ROUND_PLUGINS, Plugin, PluginSetup
 from fedsafe.core.protocol import ProtocolError, make_protocol
 from fedsafe.core.streams import torch_stream
-from fedsafe.core.types import Message, RoundContext
+from fedsafe.core.types import Messages, RoundContext
 from fedsafe.data import FederatedDataset, load_federated
-from fedsafe.engine.backends import make_backend
+from fedsafe.engine.backends import describe, make_backend
 from fedsafe.engine.clients import ClientWork
 from fedsafe.engine.metrics import MetricsWriter, summarize
 from fedsafe.engine.sampling import byzantine_ids, sample_clients
@@ -94,6 +94,8 @@ class Federation:
         self.attack = ATTACKS.get(cfg.attack.name, cfg.attack.params)
         self.label_transform = LABEL_TRANSFORMS.get(cfg.attack.name)
         self.byzantine = byzantine_ids(seed, cfg.clients.num_clients, cfg.attack.f)
+        self._byzantine_mask = np.zeros(cfg.clients.num_clients, dtype=bool)
+        self._byzantine_mask[list(self.byzantine)] = True
         sv = cfg.server
         if sv.optimizer == "adam":
             self.server = ServerAdam(sv.lr, tuple(sv.betas), sv.eps, sv.weight_decay)
@@ -251,7 +253,7 @@ class Federation:
             cfg.seed, t, cfg.clients.num_clients, cfg.clients.sampling,
             sample_size=cfg.clients.sample_size, sample_rate=cfg.clients.sample_rate,
         )
-        is_byz = np.array([int(i) in self.byzantine for i in ids], dtype=bool)
+        is_byz = self._byzantine_mask[ids]
         honest, byz = ids[~is_byz], ids[is_byz]
         row: dict[str, Any] = {"round": t, "participants": len(ids), "byzantine": len(byz), "dropouts": 0}
         d = st.params.numel()
@@ -321,12 +323,12 @@ class Federation:
         row["train_loss"] = float(losses.mean())
         for p in self.plugins:
             updates = p.transform_honest(updates, ctx, honest)
-        messages = [Message(int(c), updates[i]) for i, c in enumerate(honest)]
+        messages = Messages(honest, updates)  # no copy: the rows of the client work's output
         if len(byz):
             byz_updates = self._byzantine_updates(t, updates, honest, byz, len(ctx.participants))
-            messages += [Message(int(c), v) for c, v in zip(byz, byz_updates)]
+            messages = messages + Messages(byz, byz_updates)
         for p in self.plugins:
-            messages += p.extra_messages(ctx, updates.shape[1])
+            messages = messages + p.extra_messages(ctx, updates.shape[1])
         if self.protocol.reveals_messages:
             for p in self.plugins:
                 messages = p.transform_messages(messages, ctx)
@@ -349,12 +351,25 @@ class Federation:
         if self.ema is not None:
             self.ema.update(st.params)
 
+    def _everyone(self, ids: np.ndarray) -> bool:
+        n = self.cfg.clients.num_clients
+        return len(ids) == n and bool((ids == np.arange(n)).all())
+
     def _momentum(self, ids: np.ndarray) -> Tensor | None:
+        """The momentum rows of clients ``ids``: the state itself when every client takes part."""
         m = self.state.momentum
-        return None if m is None else m[torch.from_numpy(ids)]
+        if m is None:
+            return None
+        return m if self._everyone(ids) else m[torch.from_numpy(ids)]
 
     def _set_momentum(self, ids: np.ndarray, rows: Tensor | None) -> None:
-        if rows is not None:
+        """Store new momentum rows; when every client took part, ``rows`` becomes the state (no
+        copy: nothing modifies a round's updates in place, by the convention of every hook)."""
+        if rows is None:
+            return
+        if self._everyone(ids):
+            self.state.momentum = rows
+        else:
             self.state.momentum[torch.from_numpy(ids)] = rows
 
     def _byzantine_updates(
@@ -423,5 +438,6 @@ class Federation:
             attack=self.cfg.attack.name,
             f=self.cfg.attack.f,
             parameters=self.state.params.numel(),
+            execution="ray" if self.cfg.execution == "ray" else describe(self.backend),
             **extra,
         )
