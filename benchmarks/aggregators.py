@@ -4,8 +4,8 @@ Claim measured: robust rules cost a small multiple of one read of the matrix. Ea
 reported in milliseconds (median of the repeats, after a warm-up call) and as a ratio to
 ``updates.mean(0)`` timed in the same process, call for call alternated with the entry's own
 calls (so a load change on a shared machine moves both), with
-targets for the rules that have one (krum / multi_krum <= 5, nnm <= 8, median / trimmed_mean
-<= 15). Entries come from ``AGGREGATORS`` and ``PREAGGREGATORS``, so new rules appear here on
+targets for the rules that have one (krum / multi_krum / bulyan / meamed / monna and the
+clipping / arc pre-aggregators <= 5, nnm <= 8, median / trimmed_mean <= 15). Entries come from ``AGGREGATORS`` and ``PREAGGREGATORS``, so new rules appear here on
 their own; required parameters are supplied from ``KNOWN_PARAMS`` (a rule that needs one not
 listed there is reported as skipped).
 
@@ -70,7 +70,10 @@ from torch import Tensor  # noqa: E402
 from fedsafe.robust.aggregators import AGGREGATORS  # noqa: E402
 from fedsafe.robust.preaggregators import PREAGGREGATORS  # noqa: E402
 
-TARGETS = {"krum": 5.0, "multi_krum": 5.0, "nnm": 8.0, "median": 15.0, "trimmed_mean": 15.0}
+TARGETS = {
+    "krum": 5.0, "multi_krum": 5.0, "nnm": 8.0, "median": 15.0, "trimmed_mean": 15.0,
+    "monna": 5.0, "clipping": 5.0, "arc": 5.0, "bulyan": 5.0, "meamed": 5.0,
+}
 # values for parameters that have no default (reserved keywords are handled separately)
 KNOWN_PARAMS: dict[str, object] = {"c": 1.0}
 # column subsample for the Python-loop baselines, scaled linearly to d

@@ -36,7 +36,13 @@ from fedsafe.robust.krum import bulyan_select, krum_select, multi_krum_select
 from fedsafe.robust.rows import average_rows
 from fedsafe.robust.rows import check_matrix as _check_matrix
 from fedsafe.robust.rows import require as _require
-from fedsafe.robust.selection import coordinate_median, coordinate_trimmed_mean
+from fedsafe.robust.rowwise import centred_weighted_sum, row_sq_norms
+from fedsafe.robust.selection import (
+    coordinate_mean_around_median,
+    coordinate_median,
+    coordinate_trimmed_mean,
+    mean_around_median,  # noqa: F401  (re-exported: the reference the tests compare with)
+)
 from fedsafe.robust.split import TAG as SPLIT
 from fedsafe.robust.split import DistanceSplit
 
@@ -54,32 +60,6 @@ def _int_param(rule: str, name: str, value: object, minimum: int) -> int:
 def _floor(x: float) -> int:
     # ⌊c·f⌋ with c·f computed in floating point: 0.29 * 100 = 28.999999999999996 means 29.
     return math.floor(x + 1e-9)
-
-
-def mean_around_median(sorted_vals: Tensor, k: int) -> Tensor:
-    """Per coordinate, the mean of the k sorted values closest to the column's median, equal
-    distances preferring the values below the median (stable order by (distance, rank)).
-
-    Distances to the median decrease then increase along a sorted column, so the k closest
-    values form a window ``[s, s + k)``. Its radius ``r*`` (the k-th smallest distance) is the
-    smallest over windows of the farther end's distance. The window must contain every value
-    closer than ``r*`` (ranks ``[a, b)``) and only values within ``r*`` (ranks from ``p`` on);
-    the lowest such start is ``s = max(p, b − k)``."""
-    n = sorted_vals.shape[0]
-    h = n // 2
-    med = sorted_vals[h] if n % 2 else (sorted_vals[h - 1] + sorted_vals[h]) / 2
-    dist = (sorted_vals - med).abs()
-    spare = n - k
-    radius = torch.maximum(dist[: spare + 1], dist[k - 1 :]).min(dim=0).values
-    within = dist <= radius
-    closer = dist < radius
-    first_within = within.to(torch.uint8).argmax(dim=0)  # argmax returns the first maximum
-    end_closer = closer.to(torch.uint8).argmax(dim=0) + closer.sum(dim=0)  # 0 if none closer
-    start = torch.maximum(first_within, end_closer - k)
-    rank = torch.arange(n, device=sorted_vals.device)[:, None]
-    inside = (rank >= start) & (rank < start + k)
-    return torch.where(inside, sorted_vals, 0).sum(dim=0) / k
-
 
 
 def _clip_factors(norms: Tensor, tau: Tensor | float) -> Tensor:
@@ -122,8 +102,7 @@ def _average(updates: Tensor, idx: Tensor, f: int) -> Tensor:
 
 
 def _bulyan_combine(updates: Tensor, idx: Tensor, f: int) -> Tensor:
-    selected = torch.sort(updates.index_select(0, idx), dim=0).values
-    return mean_around_median(selected, idx.numel() - 2 * f)
+    return coordinate_mean_around_median(updates, idx.numel() - 2 * f, rows=idx)
 
 
 def _krum_index(d2: Tensor, f: int) -> Tensor:
@@ -199,7 +178,11 @@ def centered_clipping(
     ``iters = 1``: the paper finds one step enough when ``v`` starts at the previous aggregate
     of momentum updates. ``tau`` is in the updates' norm units and should be tuned to them; the
     default 100 only suits large, un-normalised updates. Requires ``n > 2f``; the paper's
-    guarantee needs a small Byzantine fraction (``f/n ≲ 0.1``), which is not enforced."""
+    guarantee needs a small Byzantine fraction (``f/n ≲ 0.1``), which is not enforced.
+
+    Each iteration is two passes over the updates and no (n, d) intermediate: the norms
+    ``‖x_i − v‖`` (``rowwise.row_sq_norms``, float64) and the step
+    (``rowwise.centred_weighted_sum``: differences and sum in float64, rounded once)."""
     n = _check_matrix(updates, "centered_clipping")
     _require("centered_clipping", n, f, 2 * f < n, "n > 2f")
     if not tau > 0:
@@ -214,10 +197,11 @@ def centered_clipping(
                 f"centered_clipping: previous must have shape ({d},), got {tuple(previous.shape)}"
             )
         v = previous.to(dtype=updates.dtype, device=updates.device)
-    for _ in range(iters):
-        diff = updates - v
-        c = _clip_factors(torch.linalg.vector_norm(diff, dim=1), tau)
-        v = v + (c @ diff) / n
+    for it in range(iters):
+        # the first round starts at 0: plain norms, no read of a zero vector
+        centre = None if previous is None and it == 0 else v
+        c = _clip_factors(row_sq_norms(updates, centre).sqrt(), tau)
+        v = centred_weighted_sum(updates, c / n, v)
     return v
 
 
@@ -228,7 +212,7 @@ def meamed(updates: Tensor, *, f: int) -> Tensor:
     median). Requires ``n > 2f``."""
     n = _check_matrix(updates, "meamed")
     _require("meamed", n, f, 2 * f < n, "n > 2f")
-    return mean_around_median(torch.sort(updates, dim=0).values, n - f)
+    return coordinate_mean_around_median(updates, n - f)
 
 
 @AGGREGATORS.register("monna")
@@ -241,12 +225,15 @@ def monna(updates: Tensor, *, f: int, reference: int = 0) -> Tensor:
     vector of its own, so the caller designates one: ``reference`` is the index (default 0) of an
     update it trusts (e.g. its own update on a held-out batch, placed at that index). With a
     Byzantine reference the guarantee is void. Requires ``n > 2f`` and
-    ``0 ≤ reference < n``."""
+    ``0 ≤ reference < n``.
+
+    Two passes: squared distances to the reference (``rowwise.row_sq_norms``, differences and
+    sums in float64, no (n, d) intermediate), then the mean of the selected rows."""
     n = _check_matrix(updates, "monna")
     _require("monna", n, f, 2 * f < n, "n > 2f")
     if not isinstance(reference, int) or isinstance(reference, bool) or not 0 <= reference < n:
         raise ValueError(f"monna: reference must be an index in [0, n={n}), got {reference!r}")
-    dist = torch.linalg.vector_norm(updates - updates[reference], dim=1)
+    dist = row_sq_norms(updates, updates[reference])
     return average_rows(updates, torch.sort(dist, stable=True).indices[: n - f])
 
 

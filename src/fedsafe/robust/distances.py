@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from fedsafe.robust.rows import require as _require
+from fedsafe.robust.rowwise import gram_block, gram_float64, use_gram_kernel
 
 # One converted or centred block of columns (n rows x B columns) is about this many bytes; it
 # bounds the extra memory whatever n and d are. Each block costs two parallel regions (the
@@ -62,14 +63,26 @@ def block_columns(n: int, itemsize: int, d: int) -> int:
 
 def gram(updates: Tensor, *, dtype: torch.dtype | None = None, centre: Tensor | None = None) -> Tensor:
     """``G = (X − 1cᵀ)(X − 1cᵀ)ᵀ`` accumulated in ``dtype`` (default: the updates' dtype), with
-    ``c = centre`` (a length-d vector) or 0.
+    ``c = centre`` (a length-d vector) or 0, returned in ``dtype``. See :func:`_gram64`."""
+    return _gram64(updates, dtype or updates.dtype, centre).to(dtype or updates.dtype)
 
-    Without centring or conversion: one product ``X Xᵀ``. Otherwise column blocks of
-    :func:`block_columns` columns: each block is converted to ``dtype`` and has ``c`` subtracted
-    in one pass into a reused buffer, its product is computed in ``dtype`` and added into a
-    float64 total, so every dot product is rounded over at most one block's length and the
-    extra memory is one block, not a copy of the matrix."""
-    dtype = dtype or updates.dtype
+
+def _gram64(updates: Tensor, dtype: torch.dtype, centre: Tensor | None) -> Tensor:
+    """The Gram matrix of :func:`gram` before its cast to ``dtype`` (float64 where it was
+    summed in float64).
+
+    Float CPU rows (n ≤ 512, not too few values): the register-tiled kernel
+    :func:`fedsafe.robust.rowwise.gram_float64`: column blocks of at most
+    :func:`~fedsafe.robust.rowwise.gram_block` columns converted to ``dtype`` (and centred) in
+    one pass into a per-thread buffer, the upper triangle's dot products accumulated in
+    ``dtype`` per block and the blocks summed in float64; exactly symmetric, and rows equal bit
+    for bit get equal entries. Otherwise torch: without centring or conversion one product
+    ``X Xᵀ``; else column blocks of :func:`block_columns` columns, each converted and centred
+    in one pass into a reused buffer, its product computed in ``dtype`` and added into a
+    float64 total. Either way every dot product is rounded over at most one block's length
+    (one product: d) and the extra memory is a block, not a copy of the matrix."""
+    if use_gram_kernel(updates, dtype):
+        return gram_float64(updates, dtype, centre)
     if centre is None and updates.dtype == dtype:
         return updates @ updates.T
     n, d = updates.shape
@@ -85,7 +98,7 @@ def gram(updates: Tensor, *, dtype: torch.dtype | None = None, centre: Tensor | 
         else:
             torch.sub(updates[:, start:stop], c[start:stop], out=block)
         g += block @ block.T
-    return g.to(dtype)
+    return g
 
 
 def probe_columns(n: int, d: int) -> Tensor | None:
@@ -135,27 +148,31 @@ def pairwise_sq_distances(updates: Tensor, *, dtype: torch.dtype | None = None) 
 
     ``c`` is the row :func:`distance_centre` picks, or 0: rows that share a large offset
     (model weights) are centred first, since the plain expansion would subtract numbers of size
-    ‖x‖² ≫ D and keep only rounding noise. The Gram matrix of the centred rows is :func:`gram`
-    (one ``X Xᵀ`` when not centred; column blocks summed in float64 when centred), O(n² d)
-    flops and no (n, n, d) intermediate; the expansion is done in float64, clamped at 0,
+    ‖x‖² ≫ D and keep only rounding noise. The Gram matrix of the centred rows is that of
+    :func:`gram` (:func:`_gram64`: for float CPU rows a tiled kernel over column blocks of at
+    most 512 columns summed in float64, and not cast back to ``dtype``; otherwise torch: one
+    ``X Xᵀ`` when not centred, column blocks summed in float64 when centred), O(n² d) flops
+    and no (n, n, d) intermediate; the expansion is done in float64, clamped at 0,
     symmetrised, its diagonal set to exactly 0, and cast to ``dtype`` (the accumulation and
     result dtype; default: the updates' dtype).
 
     Error bound. With ``u`` the unit roundoff of the accumulation dtype (2⁻²⁴ for float32,
-    2⁻⁵³ for float64), ``m`` the length of one rounded dot product (``d`` for the single
-    product, the block's column count otherwise) and ``γ_m = m·u / (1 − m·u)``,
+    2⁻⁵³ for float64), ``m`` the length of one rounded dot product (the kernel's block, at most
+    512 columns; for torch ``d`` for the single product, the block's column count otherwise)
+    and ``γ_m = m·u / (1 − m·u)``,
 
         |D̂_ij − D_ij| ≤ (2γ_m + 8u) · (‖x_i − c‖² + ‖x_j − c‖²)
 
-    (2γ_m for the three Gram entries, whatever order the BLAS sums in; 4u for rounding the
-    centred values, nothing when they are exact, as they are wherever x and c agree to within
-    a factor 2; 2u for the cast; the float64 sum over ⌈d/m⌉ blocks adds at most ⌈d/m⌉·2⁻⁵³
-    times the same factor).
+    (2γ_m for the three Gram entries, whatever order the kernel or the BLAS sums in; 4u for
+    rounding the centred values, nothing when they are exact, as they are wherever x and c
+    agree to within a factor 2; 2u for the cast of a Gram computed by a single torch product;
+    the float64 sum over ⌈d/m⌉ blocks adds at most ⌈d/m⌉·2⁻⁵³ times the same factor).
     The error is relative to the spread about ``c``, not to ‖x‖: an offset shared by all rows
     costs nothing. What remains is the worst case of any Gram expansion: a pair much closer to
     each other than to ``c`` has a relative error of up to the bound over D_ij. Rows far from
-    the bulk make that worse only when they are the centre, which the choice of ``c`` avoids;
-    duplicated rows may come out a small positive distance apart instead of 0. The bound is
+    the bulk make that worse only when they are the centre, which the choice of ``c`` avoids.
+    Duplicated rows come out exactly 0 apart from the kernel (equal rows, equal sums); from
+    torch's GEMM they may come out a small positive distance apart. The bound is
     the worst rounding can do; typical errors are far smaller, as rounding errors partly cancel.
     """
     if updates.ndim != 2:
@@ -163,7 +180,7 @@ def pairwise_sq_distances(updates: Tensor, *, dtype: torch.dtype | None = None) 
             f"pairwise_sq_distances: updates must be a 2-D (n, d) tensor, got shape {tuple(updates.shape)}"
         )
     r = distance_centre(updates)
-    g = gram(updates, dtype=dtype, centre=None if r is None else updates[r]).to(torch.float64)
+    g = _gram64(updates, dtype or updates.dtype, None if r is None else updates[r]).to(torch.float64)
     sq = torch.diagonal(g)
     d2 = (sq[:, None] + sq[None, :] - 2 * g).clamp_min(0)
     d2 = (d2 + d2.T) / 2

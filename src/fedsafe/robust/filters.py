@@ -25,7 +25,8 @@ import torch
 from torch import Tensor
 
 from fedsafe.robust.distances import gram
-from fedsafe.robust.rows import average_rows, require
+from fedsafe.robust.rows import average_rows, check_matrix, require
+from fedsafe.robust.rowwise import row_sq_norms
 
 
 def _check(rule: str, g: Tensor, f: int) -> int:
@@ -46,9 +47,14 @@ def _median(sorted_vals: Tensor) -> Tensor:
 def norm_filter_select(g: Tensor, f: int, factor: float = 2.0) -> Tensor:
     """Indices (ascending) of the updates with ``‖x_i‖ ≤ factor · median_j ‖x_j‖``."""
     _check("norm_filter", g, f)
+    return _norm_keep(torch.diagonal(g), f, factor)
+
+
+def _norm_keep(sq_norms: Tensor, f: int, factor: float) -> Tensor:
+    """The selection of :func:`norm_filter_select` from the squared norms alone."""
     if not factor >= 1:
         raise ValueError(f"norm_filter: factor must be >= 1, got {factor}")
-    norms = torch.diagonal(g).to(torch.float64).clamp_min(0).sqrt()
+    norms = sq_norms.to(torch.float64).clamp_min(0).sqrt()
     m = _median(torch.sort(norms).values)
     return torch.nonzero(norms <= factor * m).flatten()
 
@@ -71,8 +77,14 @@ def cosine_filter_select(g: Tensor, f: int) -> Tensor:
 
 def norm_filter(updates: Tensor, *, f: int, factor: float = 2.0) -> Tensor:
     """Plaintext norm filter: mean of the updates whose norm is at most ``factor`` times the
-    median norm. Requires ``n > 2f`` and ``factor ≥ 1`` (module doc)."""
-    return average_rows(updates, norm_filter_select(gram(updates, dtype=torch.float64), f, factor))
+    median norm. Requires ``n > 2f`` and ``factor ≥ 1`` (module doc).
+
+    Needs only the Gram matrix's diagonal: the squared norms in one pass, in float64
+    (``rowwise.row_sq_norms``), the same values as the float64 Gram's diagonal up to the order
+    of the sums."""
+    n = check_matrix(updates, "norm_filter", floating=False)
+    require("norm_filter", n, f, 2 * f < n, "n > 2f")
+    return average_rows(updates, _norm_keep(row_sq_norms(updates), f, factor))
 
 
 def cosine_filter(updates: Tensor, *, f: int) -> Tensor:

@@ -15,18 +15,14 @@ from torch import Tensor
 
 from fedsafe.core.registry import Registry
 from fedsafe.robust.distances import nnm_mixing, pairwise_sq_distances
-from fedsafe.robust.mixing import mix
+from fedsafe.robust.mixing import kernel_applies, mix
 from fedsafe.robust.rows import check_matrix as _check_matrix
 from fedsafe.robust.rows import require as _require
+from fedsafe.robust.rowwise import clip_rows, clip_rows_by_rank, empty_faulting
 
 PREAGGREGATORS: Registry = Registry("pre-aggregator", reserved=("f", "generator"))
 
 
-
-
-def _clip_factors(norms: Tensor, tau: Tensor | float) -> Tensor:
-    """``min(1, τ/‖x‖)``, written so that zero norms (and τ = 0) give 1, never NaN."""
-    return torch.where(norms > tau, tau / norms, torch.ones_like(norms))
 
 
 @PREAGGREGATORS.register("nnm")
@@ -36,12 +32,20 @@ def nnm(updates: Tensor, *, f: int) -> Tensor:
     neighbours of ``x_i``, itself included (then by squared distance, ties by lowest index).
 
     Computed as ``W X`` with the row-stochastic mixing matrix ``W`` of
-    ``distances.nnm_mixing``, the neighbours coming from one Gram-matrix distance computation.
+    ``distances.nnm_mixing``, the neighbours coming from one Gram-matrix distance computation,
+    by the kernel of ``robust.mixing``; the output's pages are faulted in on a background
+    thread while the distances are computed (``rowwise.empty_faulting``).
     Output ``(n, d)``. Requires ``n > 2f``."""
     n = _check_matrix(updates, "nnm")
     _require("nnm", n, f, 2 * f < n, "n > 2f")
-    w = nnm_mixing(pairwise_sq_distances(updates), f)
-    return mix(updates, w)
+    if not kernel_applies(updates):
+        return mix(updates, nnm_mixing(pairwise_sq_distances(updates), f))
+    out, ready = empty_faulting(tuple(updates.shape), torch.empty(0, dtype=updates.dtype).numpy().dtype)
+    try:
+        w = nnm_mixing(pairwise_sq_distances(updates), f)
+    finally:
+        ready()  # nothing may write to out before the page-touching thread is done
+    return mix(updates, w, out=out)
 
 
 @PREAGGREGATORS.register("bucketing")
@@ -73,13 +77,15 @@ def bucketing(updates: Tensor, *, f: int, generator: torch.Generator | None = No
 @PREAGGREGATORS.register("clipping")
 def clipping(updates: Tensor, *, f: int, c: float) -> Tensor:
     """Static L2 clipping: ``x_i · min(1, c / ‖x_i‖)`` (a zero update stays zero).
-    Needs ``c > 0``; any n, f ≥ 0 (f is not used)."""
+    Needs ``c > 0``; any n, f ≥ 0 (f is not used).
+
+    Norms in float64; each row is scaled right after its norm, while it is still in cache
+    (``rowwise.clip_rows``): one read of the matrix from memory and one write."""
     n = _check_matrix(updates, "clipping")
     _require("clipping", n, f, True, "f >= 0")
     if not c > 0:
         raise ValueError(f"clipping: c must be > 0, got {c}")
-    factors = _clip_factors(torch.linalg.vector_norm(updates, dim=1), c)
-    return updates * factors[:, None]
+    return clip_rows(updates, float(c))
 
 
 @PREAGGREGATORS.register("arc")
@@ -89,10 +95,12 @@ def arc(updates: Tensor, *, f: int) -> Tensor:
     (computed exactly as ``2f(n−f) div n``), the ``k`` largest-norm updates are clipped to the
     ``(k+1)``-th largest norm ``τ``. Since every other update has norm ≤ τ this is
     ``x_i · min(1, τ / ‖x_i‖)`` for all i (so norm ties need no rule); k = 0 changes nothing.
-    Requires ``n > 2f``."""
+    Requires ``n > 2f``.
+
+    Norms in float64 (``rowwise.clip_rows_by_rank``): one pass copies each row while taking
+    its norm, then only the k clipped rows are scaled in the copy (products rounded once; the
+    others are exact copies)."""
     n = _check_matrix(updates, "arc")
     _require("arc", n, f, 2 * f < n, "n > 2f")
     k = (2 * f * (n - f)) // n
-    norms = torch.linalg.vector_norm(updates, dim=1)
-    tau = torch.sort(norms, descending=True).values[k]
-    return updates * _clip_factors(norms, tau)[:, None]
+    return clip_rows_by_rank(updates, k)

@@ -64,6 +64,7 @@ ENCLAVE_MODULES: tuple[str, ...] = (
     "fedsafe.robust.distances",
     "fedsafe.robust.krum",
     "fedsafe.robust.rows",
+    "fedsafe.robust.rowwise",
     "fedsafe.robust.aggregators",
     "fedsafe.robust.selection",
     "fedsafe.robust.split",
