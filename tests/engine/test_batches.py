@@ -35,3 +35,27 @@ def test_batches_uniform_over_client_data():
         counts[draw_batches(0, t, 0, np.array([0]), ix, 3)[0]] += 1
     # Each sample is in a batch with probability 3/10: 900 ± 3·25.
     assert np.all(np.abs(counts - 900) < 80)
+
+
+def test_kernel_equals_numpy_reference():
+    # The numba kernel (one pass per client) against the numpy draw over an (n, width) key
+    # matrix: clients with no data, fewer samples than the batch, exactly the batch, and more;
+    # any subset and order of participants; every round and step key.
+    from fedsafe.engine.clients import draw_batches_numpy, flatten_indices
+
+    rng = np.random.default_rng(1)
+    for trial in range(150):
+        k, batch = int(rng.integers(1, 25)), int(rng.integers(1, 40))
+        ix = [rng.permutation(1000)[: rng.integers(0, 80)] for _ in range(k)]
+        ids = rng.permutation(k)[: rng.integers(1, k + 1)]
+        t, s = int(rng.integers(0, 10**6)), int(rng.integers(0, 5))
+        want = draw_batches_numpy(trial, t, s, ids, ix, batch)
+        np.testing.assert_array_equal(draw_batches(trial, t, s, ids, ix, batch), want)
+        np.testing.assert_array_equal(draw_batches(trial, t, s, ids, ix, batch, flat=flatten_indices(ix)), want)
+
+
+def test_negative_keys_are_refused():
+    import pytest
+
+    with pytest.raises(ValueError, match="keys must be >= 0"):
+        draw_batches(0, -1, 0, np.array([0]), _indices(), 4)

@@ -8,6 +8,7 @@ without saving any generator state.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 
 import numpy as np
@@ -52,6 +53,27 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64_int(x: int) -> int:
+    """:func:`_splitmix64` of one word, in Python integers (no numpy call per operation)."""
+    x = (x + int(_GOLDEN)) & _MASK64
+    x = ((x ^ (x >> 30)) * int(_M1)) & _MASK64
+    x = ((x ^ (x >> 27)) * int(_M2)) & _MASK64
+    return x ^ (x >> 31)
+
+
+@functools.lru_cache(maxsize=64)
+def counter_base(seed: int, name: str) -> int:
+    """The state of stream ``(seed, name)`` before its keys: splitmix64 chained over the
+    stream's words (cached: a round draws from a few streams many times)."""
+    state = 0
+    for w in _entropy(seed, name, ()):
+        state = _splitmix64_int(state ^ (w & _MASK64))
+    return state
+
+
 def counter_uniform(seed: int, name: str, *keys: np.ndarray | int) -> np.ndarray:
     """Uniform floats in [0, 1), one per element of the broadcast ``keys``, counter-based.
 
@@ -60,15 +82,11 @@ def counter_uniform(seed: int, name: str, *keys: np.ndarray | int) -> np.ndarray
     one vectorised call, and any element is the same whichever other elements are requested.
     Used where creating one generator per client would dominate a round (minibatch selection).
     """
-    words = _entropy(seed, name, ())
     with np.errstate(over="ignore"):
-        state = np.uint64(0)
-        for w in words:
-            state = _splitmix64(np.asarray(state ^ np.uint64(w), dtype=np.uint64))
         # Each key is folded in at its own shape and broadcast only as far as it needs: keys
         # (client[:, None], round, step, position[None, :]) cost one (n, 1) pass per leading key
         # and two (n, w) passes in all, not one per key (the values are the same either way).
-        h = np.asarray(state, dtype=np.uint64)
+        h = np.asarray(counter_base(seed, name), dtype=np.uint64)
         for k in keys:
             a = np.asarray(k, dtype=np.int64)
             if (a < 0).any():

@@ -17,6 +17,7 @@ the backend, the participants, or the order of computation.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -29,8 +30,29 @@ from fedsafe.core.clients import (
     LocalResult,
     algorithm_key,
 )
-from fedsafe.core.streams import counter_uniform
+from fedsafe.core.streams import counter_base, counter_uniform
 from fedsafe.data import FederatedDataset
+
+
+try:  # numba is a dependency; without it the numpy path below is used
+    from numba import njit
+except ImportError:  # pragma: no cover - exercised only without numba
+    njit = None
+
+
+class FlatIndices(NamedTuple):
+    """Every client's sample indices in one array: client c holds
+    ``values[offsets[c] : offsets[c] + sizes[c]]`` (what the batch kernel reads)."""
+
+    values: np.ndarray
+    offsets: np.ndarray
+    sizes: np.ndarray
+
+
+def flatten_indices(client_indices: list[np.ndarray]) -> FlatIndices:
+    sizes = np.array([len(ix) for ix in client_indices], dtype=np.int64)
+    values = np.concatenate([np.asarray(ix, dtype=np.int64) for ix in client_indices]) if len(sizes) else np.zeros(0, np.int64)
+    return FlatIndices(values, np.cumsum(sizes) - sizes, sizes)
 
 
 def draw_batches(
@@ -40,8 +62,40 @@ def draw_batches(
     client_ids: np.ndarray,
     client_indices: list[np.ndarray],
     batch_size: int,
+    *,
+    flat: FlatIndices | None = None,
 ) -> np.ndarray:
-    """Global sample indices, shape (len(client_ids), batch_size)."""
+    """Global sample indices, shape (len(client_ids), batch_size): for each client the
+    ``batch_size`` positions of its data with the smallest keys
+    ``counter_uniform(seed, "batches", client, round, step, position)``, in position order
+    (a uniform subset without replacement); a client holding fewer samples than the batch
+    draws position ``⌊u·size⌋`` for each of the first ``batch_size`` keys (with replacement).
+
+    Computed by a numba kernel, one pass per client and no (n, width) intermediate
+    (``flat``: :func:`flatten_indices` of ``client_indices``, which a caller drawing every
+    round computes once); :func:`draw_batches_numpy` is the same draw in numpy, used
+    without numba and as the tests' reference."""
+    ids = np.asarray(client_ids, dtype=np.int64)
+    if njit is None or len(ids) == 0:
+        return draw_batches_numpy(seed, round_, step, ids, client_indices, batch_size)
+    if min(round_, step, int(ids.min())) < 0:
+        counter_uniform(seed, "batches", ids, round_, step)  # its error for negative keys
+    flat = flat if flat is not None else flatten_indices(client_indices)
+    out = np.empty((len(ids), batch_size), dtype=np.int64)
+    _draw_kernel(np.uint64(counter_base(seed, "batches")), ids, np.uint64(round_), np.uint64(step),
+                 flat.values, flat.offsets, flat.sizes, out)
+    return out
+
+
+def draw_batches_numpy(
+    seed: int,
+    round_: int,
+    step: int,
+    client_ids: np.ndarray,
+    client_indices: list[np.ndarray],
+    batch_size: int,
+) -> np.ndarray:
+    """:func:`draw_batches` in numpy over an (n, largest client) matrix of keys."""
     n = len(client_ids)
     if n == 0:
         return np.zeros((0, batch_size), dtype=np.int64)
@@ -63,6 +117,45 @@ def draw_batches(
     return np.take_along_axis(padded, positions, axis=1)
 
 
+if njit is not None:
+    _G, _M1, _M2 = (np.uint64(v) for v in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))
+    _S27, _S30, _S31, _S11 = (np.uint64(v) for v in (27, 30, 31, 11))
+
+    @njit(cache=True, nogil=True, inline="always")
+    def _mix(x):  # pragma: no cover - compiled; fedsafe.core.streams._splitmix64
+        x = x + _G
+        x = (x ^ (x >> _S30)) * _M1
+        x = (x ^ (x >> _S27)) * _M2
+        return x ^ (x >> _S31)
+
+    @njit(cache=True, nogil=True)
+    def _draw_kernel(base, ids, round_, step, values, offsets, sizes, out):  # pragma: no cover
+        """out[r] = the batch of client ids[r] (draw_batches), keys hashed as counter_uniform."""
+        batch = out.shape[1]
+        scale = 1.0 / 9007199254740992.0  # 2⁻⁵³
+        keys = np.empty(max(batch, int(sizes.max()) if sizes.shape[0] else 0), dtype=np.float64)
+        for r in range(ids.shape[0]):
+            c = ids[r]
+            size = sizes[c]
+            off = offsets[c]
+            h = _mix(_mix(_mix(base ^ np.uint64(c)) ^ round_) ^ step)
+            if size >= batch:
+                for j in range(size):
+                    keys[j] = np.float64(_mix(_mix(h ^ np.uint64(j))) >> _S11) * scale
+                # the batch smallest keys, in position order (keys are distinct 53-bit draws)
+                threshold = np.partition(keys[:size], batch - 1)[batch - 1]
+                k = 0
+                for j in range(size):
+                    if keys[j] <= threshold and k < batch:
+                        out[r, k] = values[off + j]
+                        k += 1
+            else:
+                for j in range(batch):
+                    u = np.float64(_mix(_mix(h ^ np.uint64(j))) >> _S11) * scale
+                    # a client without data gets index 0, as the numpy path's zero padding
+                    out[r, j] = values[off + np.int64(np.floor(u * size))] if size > 0 else 0
+
+
 class ClientWork:
     """Runs the configured client algorithm for a set of clients through a backend."""
 
@@ -80,7 +173,8 @@ class ClientWork:
         self.data = data
         self.seed = seed
         self.algorithm = CLIENT_ALGORITHMS.entry(algorithm_key(cfg.algorithm, cfg.gradient)).impl()
-        sizes = np.array([len(ix) for ix in data.client_indices])
+        self._flat = flatten_indices(data.client_indices)
+        sizes = self._flat.sizes
         if cfg.algorithm == "fedavg":
             if cfg.local_steps is not None:
                 self.steps = np.full(len(sizes), cfg.local_steps)
@@ -124,7 +218,7 @@ class ClientWork:
     def batch(self, round_: int, step: int, ids: np.ndarray, label_transform) -> tuple[Tensor, Tensor]:
         """The minibatches of clients ``ids`` at (round, step), labels transformed (label flip)."""
         idx = torch.from_numpy(
-            draw_batches(self.seed, round_, step, ids, self.data.client_indices, self.cfg.batch_size)
+            draw_batches(self.seed, round_, step, ids, self.data.client_indices, self.cfg.batch_size, flat=self._flat)
         )
         x = self.data.x_train[idx]
         y = self.data.y_train[idx]
