@@ -12,7 +12,9 @@ at the global model, local momentum β = 0.9, no weight decay), the plain mean, 
   flattened gradient, then the mean.
 
 The three are timed round by round in turn (fedsafe, vmap, loop, fedsafe, ...) after warm-up
-rounds, so load from other processes hits them alike; the median per implementation is
+rounds, so load from other processes hits them alike; at least 7 rounds each, and for fast
+cells as many as fit in about a second of fedsafe rounds (at most 101), so that the median of
+millisecond rounds is not one scheduler hiccup. The median per implementation is
 reported, with ``fedsafe / min(vmap, loop)``, the figure the README quotes (target ≤ 1.25).
 
     python benchmarks/engine_vs_reference.py [--cells mlp100:10,100,1000,5000 ...]
@@ -45,7 +47,9 @@ def _parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cells", nargs="+", default=None, help="MODEL:N,N,... (default: the README's grid)")
     ap.add_argument("--execution", default="auto", help="fedsafe's execution backend (default auto, fedsafe's default)")
-    ap.add_argument("--rounds", type=int, default=None, help="timed rounds per implementation (default 7; --quick 2)")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="timed rounds per implementation (default: 7, more for fast cells, up to 101 or about "
+                         "1 s of fedsafe rounds, so that a median of millisecond rounds is stable; --quick 2)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed rounds first (vmap tracing, allocator)")
     ap.add_argument("--threads", type=int, default=None, help="torch / OpenMP threads (default 2; --quick 1)")
     ap.add_argument("--batch", type=int, default=25)
@@ -54,6 +58,7 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="smoke run: two tiny cells, 2 rounds, 1 thread")
     a = ap.parse_args()
     a.cells = a.cells or list(QUICK_CELLS if a.quick else DEFAULT_CELLS)
+    a.fixed_rounds = a.rounds is not None or a.quick
     a.rounds = a.rounds or (2 if a.quick else 7)
     a.threads = a.threads or (1 if a.quick else 2)
     return a
@@ -158,8 +163,13 @@ def time_cell(model: str, n: int) -> dict:
     for _ in range(ARGS.warmup):
         for fn in impls.values():
             fn()
+    rounds = ARGS.rounds
+    if not ARGS.fixed_rounds:  # fast cells: more rounds, about 1 s of fedsafe's
+        t0 = time.perf_counter()
+        fed.run_round()
+        rounds = int(min(101, max(rounds, 1.0 / max(time.perf_counter() - t0, 1e-6))))
     times: dict[str, list[float]] = {k: [] for k in impls}
-    for _ in range(ARGS.rounds):
+    for _ in range(rounds):
         for k, fn in impls.items():
             t0 = time.perf_counter()
             fn()
@@ -170,7 +180,7 @@ def time_cell(model: str, n: int) -> dict:
         "model": model, "clients": n, "parameters": fed.state.params.numel(),
         "fedsafe_ms": med["fedsafe"], "vmap_ms": med["vmap"], "loop_ms": med["loop"],
         "ratio_to_best_reference": med["fedsafe"] / best_ref, "target": 1.25,
-        "pass": med["fedsafe"] / best_ref <= 1.25,
+        "pass": med["fedsafe"] / best_ref <= 1.25, "timed_rounds": rounds,
     }
 
 
@@ -180,7 +190,7 @@ def main() -> None:
     rows = [time_cell(model, n) for model, n in parse_cells(ARGS.cells)]
     result = {
         "benchmark": "engine_vs_reference", "execution": ARGS.execution, "threads": ARGS.threads,
-        "batch": ARGS.batch, "timed_rounds": ARGS.rounds, "quick": ARGS.quick,
+        "batch": ARGS.batch, "min_timed_rounds": ARGS.rounds, "quick": ARGS.quick,
         "loadavg_start": load_start, "loadavg_end": os.getloadavg(),
         "torch": torch.__version__, "python": platform.python_version(), "cells": rows,
     }

@@ -23,14 +23,20 @@ from torch.func import functional_call, grad_and_value, vmap
 from fedsafe.models import ParamLayout
 
 GradFn = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
+#: A training loss: ``loss(logits[B, C], labels[B]) -> scalar`` (the batch mean).
+LossFn = Callable[[Tensor, Tensor], Tensor]
 
 
-def make_loss(model: torch.nn.Module, layout: ParamLayout) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
-    """Mean cross-entropy of ``model`` with flat parameters ``flat`` on one batch."""
+def make_loss(
+    model: torch.nn.Module, layout: ParamLayout, loss_fn: LossFn | None = None
+) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
+    """``loss_fn`` (default: mean cross-entropy) of ``model`` with flat parameters ``flat`` on
+    one batch."""
+    criterion = F.cross_entropy if loss_fn is None else loss_fn
 
     def loss(flat: Tensor, x: Tensor, y: Tensor) -> Tensor:
         logits = functional_call(model, layout.unflatten(flat), (x,))
-        return F.cross_entropy(logits, y)
+        return criterion(logits, y)
 
     return loss
 
@@ -42,9 +48,11 @@ class SerialBackend:
 
     name = "serial"
 
-    def __init__(self, model: torch.nn.Module, layout: ParamLayout) -> None:
+    def __init__(self, model: torch.nn.Module, layout: ParamLayout, loss_fn: LossFn | None = None) -> None:
         self.model = model
         self.layout = layout
+        self.loss_fn = loss_fn
+        self._criterion = F.cross_entropy if loss_fn is None else loss_fn
         self._net = copy.deepcopy(model)
         self._flat = torch.cat([p.detach().reshape(-1) for p in self._net.parameters()])
         views = layout.unflatten(self._flat)
@@ -68,7 +76,7 @@ class SerialBackend:
                     self._flat.copy_(params[i])
             for p in self._params:
                 p.grad = None
-            loss = F.cross_entropy(self._net(x[i]), y[i])
+            loss = self._criterion(self._net(x[i]), y[i])
             loss.backward()
             torch.cat([p.grad.reshape(-1) for p in self._params], out=grads[i])
             losses[i] = loss.detach()
@@ -83,13 +91,19 @@ class VectorizedBackend:
     name = "vectorized"
 
     def __init__(
-        self, model: torch.nn.Module, layout: ParamLayout, chunk: int | None = None, whole_bytes: int = 0
+        self,
+        model: torch.nn.Module,
+        layout: ParamLayout,
+        chunk: int | None = None,
+        whole_bytes: int = 0,
+        loss_fn: LossFn | None = None,
     ) -> None:
         self.model = model
         self.layout = layout
         self.chunk = chunk
         self.whole_bytes = whole_bytes
-        gv = grad_and_value(make_loss(model, layout))
+        self.loss_fn = loss_fn
+        gv = grad_and_value(make_loss(model, layout, loss_fn))
         self._shared = vmap(gv, in_dims=(None, 0, 0))  # every client starts from the same model
         self._own = vmap(gv, in_dims=(0, 0, 0))  # clients hold diverged local models
 
@@ -141,15 +155,16 @@ def describe(backend) -> str:
 EXECUTIONS = ("auto", "serial", "vectorized")
 
 
-def make_backend(name: str, model: torch.nn.Module, layout: ParamLayout):
+def make_backend(name: str, model: torch.nn.Module, layout: ParamLayout, loss_fn: LossFn | None = None):
     """The backend ``name``: ``serial`` (a plain autograd loop), ``vectorized`` (one vmap call
     while the round's gradients take at most ``AUTO_WHOLE_BYTES``, else chunks of
     :func:`auto_chunk` clients, so memory stays bounded), or
     ``auto`` (the default): ``vectorized``, except a loop when not even two clients' gradients
-    fit in a chunk (a chunk of one is a loop with vmap's overhead)."""
+    fit in a chunk (a chunk of one is a loop with vmap's overhead). ``loss_fn``: the training
+    loss (default: mean cross-entropy)."""
     if name not in EXECUTIONS:
         raise ValueError(f"unknown execution backend {name!r}; valid: {', '.join(EXECUTIONS)}")
     chunk = auto_chunk(layout.dim)
     if name == "serial" or (name == "auto" and chunk < 2):
-        return SerialBackend(model, layout)
-    return VectorizedBackend(model, layout, chunk=chunk, whole_bytes=AUTO_WHOLE_BYTES)
+        return SerialBackend(model, layout, loss_fn)
+    return VectorizedBackend(model, layout, chunk=chunk, whole_bytes=AUTO_WHOLE_BYTES, loss_fn=loss_fn)

@@ -129,11 +129,39 @@ if njit is not None:
         return x ^ (x >> _S31)
 
     @njit(cache=True, nogil=True)
+    def _kth_smallest(a, n, k):  # pragma: no cover - compiled
+        """The k-th smallest (0-based) of a[:n], by quickselect on a[:n] in place (reordered)."""
+        lo, hi = 0, n - 1
+        while lo < hi:
+            pivot = a[(lo + hi) // 2]
+            i, j = lo, hi
+            while i <= j:
+                while a[i] < pivot:
+                    i += 1
+                while a[j] > pivot:
+                    j -= 1
+                if i <= j:
+                    a[i], a[j] = a[j], a[i]
+                    i += 1
+                    j -= 1
+            if k <= j:
+                hi = j
+            elif k >= i:
+                lo = i
+            else:
+                return a[k]
+        return a[k]
+
+    @njit(cache=True, nogil=True)
     def _draw_kernel(base, ids, round_, step, values, offsets, sizes, out):  # pragma: no cover
         """out[r] = the batch of client ids[r] (draw_batches), keys hashed as counter_uniform."""
         batch = out.shape[1]
         scale = 1.0 / 9007199254740992.0  # 2⁻⁵³
-        keys = np.empty(max(batch, int(sizes.max()) if sizes.shape[0] else 0), dtype=np.float64)
+        width = batch
+        for r in range(ids.shape[0]):
+            width = max(width, sizes[ids[r]])
+        keys = np.empty(width, dtype=np.float64)
+        scratch = np.empty(width, dtype=np.float64)
         for r in range(ids.shape[0]):
             c = ids[r]
             size = sizes[c]
@@ -142,8 +170,9 @@ if njit is not None:
             if size >= batch:
                 for j in range(size):
                     keys[j] = np.float64(_mix(_mix(h ^ np.uint64(j))) >> _S11) * scale
+                    scratch[j] = keys[j]
                 # the batch smallest keys, in position order (keys are distinct 53-bit draws)
-                threshold = np.partition(keys[:size], batch - 1)[batch - 1]
+                threshold = _kth_smallest(scratch, size, batch - 1)
                 k = 0
                 for j in range(size):
                     if keys[j] <= threshold and k < batch:
@@ -213,15 +242,17 @@ class ClientWork:
         """``loss(params, x, y)`` of the backend's model: what forward-only clients evaluate."""
         from fedsafe.engine.backends import make_loss
 
-        return make_loss(self.backend.model, self.backend.layout)
+        return make_loss(self.backend.model, self.backend.layout, self.backend.loss_fn)
 
     def batch(self, round_: int, step: int, ids: np.ndarray, label_transform) -> tuple[Tensor, Tensor]:
         """The minibatches of clients ``ids`` at (round, step), labels transformed (label flip)."""
         idx = torch.from_numpy(
             draw_batches(self.seed, round_, step, ids, self.data.client_indices, self.cfg.batch_size, flat=self._flat)
         )
-        x = self.data.x_train[idx]
-        y = self.data.y_train[idx]
+        # index_select on the flat indices: the same rows as x_train[idx], 5x faster on CPU
+        flat, shape = idx.reshape(-1), tuple(idx.shape)
+        x = self.data.x_train.index_select(0, flat).view(*shape, *self.data.x_train.shape[1:])
+        y = self.data.y_train.index_select(0, flat).view(shape)
         if label_transform is not None:
             y = label_transform(y, self.data.num_classes)
         return x, y

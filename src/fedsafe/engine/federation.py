@@ -24,7 +24,7 @@ from fedsafe.core.protocol import ProtocolError, make_protocol
 from fedsafe.core.streams import torch_stream
 from fedsafe.core.types import Messages, RoundContext
 from fedsafe.data import FederatedDataset, load_federated
-from fedsafe.engine.backends import describe, make_backend
+from fedsafe.engine.backends import LossFn, describe, make_backend
 from fedsafe.engine.clients import ClientWork
 from fedsafe.engine.metrics import MetricsWriter, summarize
 from fedsafe.engine.sampling import byzantine_ids, sample_clients
@@ -35,7 +35,7 @@ from fedsafe.engine.state import (
     load_checkpoint,
     save_checkpoint,
 )
-from fedsafe.models import ParamLayout, build_model, flatten_params
+from fedsafe.models import ParamLayout, build_model, check_model, flatten_params
 from fedsafe.robust.attacks import ATTACKS, LABEL_TRANSFORMS, AttackContext
 from fedsafe.robust.pipeline import RobustPipeline
 
@@ -45,6 +45,18 @@ class _Skip(Exception):
 
 
 class Federation:
+    """One experiment's federation: data, model, clients, protocol and server, run round by
+    round (:meth:`run_round`, :meth:`run`). Everything that can be refused is refused in the
+    constructor, before round 1 (``ConfigError`` naming the section).
+
+    ``data``: a :class:`~fedsafe.data.FederatedDataset` to use instead of loading ``cfg.data``;
+    ``model``: a ``torch.nn.Module`` to train instead of building ``cfg.model`` (checked and
+    deep-copied by :func:`fedsafe.models.check_model`; its own initial weights are used);
+    ``loss``: ``loss(logits, labels) -> scalar`` (the batch mean) instead of cross-entropy,
+    for training and the reported test loss; ``plugins``: round plugins run after the
+    registered ones. The Python API (:class:`fedsafe.Experiment`) builds on this class.
+    """
+
     def __init__(
         self,
         cfg: ExperimentConfig,
@@ -52,6 +64,8 @@ class Federation:
         out_dir: Path | None = None,
         plugins: Sequence[Plugin] = (),
         data: FederatedDataset | None = None,
+        model: torch.nn.Module | None = None,
+        loss: LossFn | None = None,
     ) -> None:
         self.cfg = cfg
         self.out_dir = None if out_dir is None else Path(out_dir)
@@ -60,21 +74,33 @@ class Federation:
             self.data = data or load_federated(cfg.data, cfg.clients.num_clients, seed)
         except (ValueError, OSError) as e:
             raise ConfigError([f"data: {e}"]) from None
+        if self.data.num_clients != cfg.clients.num_clients:
+            raise ConfigError([
+                f"clients.num_clients = {cfg.clients.num_clients} but the dataset given is split over "
+                f"{self.data.num_clients} clients"
+            ])
+        if loss is not None and not callable(loss):
+            raise ConfigError([f"loss: must be a function loss(logits, labels) -> scalar, got {type(loss).__name__}"])
+        self.loss_fn = loss
+        self.custom_model = model is not None
         try:
-            self.model = build_model(
-                cfg.model, self.data.input_shape, self.data.num_classes,
-                generator=torch_stream(seed, "model.init"),
-            )
+            if model is not None:
+                self.model = check_model(model, self.data.input_shape, self.data.num_classes)
+            else:
+                self.model = build_model(
+                    cfg.model, self.data.input_shape, self.data.num_classes,
+                    generator=torch_stream(seed, "model.init"),
+                )
         except ValueError as e:
             raise ConfigError([f"model: {e}"]) from None
         self.layout = ParamLayout.from_model(self.model)
         if cfg.execution == "ray":
             from fedsafe.engine.ray_execution import RayClientWork
 
-            self.backend = make_backend(cfg.ray.inner, self.model, self.layout)
+            self.backend = make_backend(cfg.ray.inner, self.model, self.layout, loss)
             self.work = RayClientWork(cfg.clients, self.backend, self.data, seed, cfg)
         else:
-            self.backend = make_backend(cfg.execution, self.model, self.layout)
+            self.backend = make_backend(cfg.execution, self.model, self.layout, loss)
             self.work = ClientWork(cfg.clients, self.backend, self.data, seed, zo=cfg.zo)
 
         self.pipeline = RobustPipeline(
@@ -230,8 +256,8 @@ class Federation:
     # --- the round ------------------------------------------------------------------------
 
     def evaluate(self, params: Tensor | None = None) -> tuple[float, float]:
-        """Mean cross-entropy and accuracy of the global model (or its moving average, with
-        ``server.ema``) on the test set."""
+        """Mean test loss (cross-entropy, or the run's own loss) and accuracy of the global
+        model (or its moving average, with ``server.ema``) on the test set."""
         if params is None:
             params = self.state.params if self.ema is None else self.ema.value
         weights = self.layout.unflatten(params)
@@ -241,7 +267,10 @@ class Federation:
             for start in range(0, len(y), 4096):
                 logits = functional_call(self.model, weights, (x[start : start + 4096],))
                 yy = y[start : start + 4096]
-                loss += float(F.cross_entropy(logits, yy, reduction="sum"))
+                if self.loss_fn is None:
+                    loss += float(F.cross_entropy(logits, yy, reduction="sum"))
+                else:  # a batch mean
+                    loss += float(self.loss_fn(logits, yy)) * len(yy)
                 correct += int((logits.argmax(1) == yy).sum())
         return loss / len(y), correct / len(y)
 
@@ -418,7 +447,8 @@ class Federation:
 
         params = self.state.params if self.ema is None else self.ema.value
         self.layout.load_into(self.model, params)
-        return save_trained(self.model, out_dir, self.cfg.model, self.data.input_shape, self.data.num_classes)
+        cfg = None if self.custom_model else self.cfg.model
+        return save_trained(self.model, out_dir, cfg, self.data.input_shape, self.data.num_classes)
 
     def close(self) -> None:
         """Release execution resources (a Ray instance, protocol worker processes)."""

@@ -15,6 +15,8 @@ from fedsafe.core.lazy import lazy_exports
 # Public names -> the submodule defining each, imported on first use (fedsafe.core.lazy).
 _EXPORTS = {
     "MODELS": "build",
+    "ModelError": "custom",
+    "check_model": "custom",
     "ModelConfig": "config",
     "ParamLayout": "params",
     "build_model": "build",

@@ -21,5 +21,7 @@ class InherentClients(ClientAlgorithm):
         if work.inherent is None:
             raise ValueError("clients.algorithm = 'inherent' needs the inherent plugin's sigma^2 ([inherent])")
         icfg, sigma2 = work.inherent
-        updates, norms = inherent_updates(work.backend.model, params, work.data, ids, icfg, sigma2, work.seed, round_)
+        updates, norms = inherent_updates(
+            work.backend.model, params, work.data, ids, icfg, sigma2, work.seed, round_, loss_fn=work.backend.loss_fn
+        )
         return LocalResult(updates, norms, None)

@@ -33,14 +33,17 @@ assert set(Row.__args__) == set(TABLE1_ROWS)  # type: ignore[attr-defined]
 
 def inherent_updates(
     model: torch.nn.Module, params: Tensor, data, ids: np.ndarray, cfg: InherentConfig, sigma2: float,
-    seed: int, round_: int,
+    seed: int, round_: int, loss_fn=None,
 ) -> tuple[Tensor, Tensor]:
-    """Each user's released vector and its mean per-example loss proxy (the clipped grad norm)."""
+    """Each user's released vector and its mean per-example loss proxy (the clipped grad norm);
+    ``loss_fn(logits, y)``: the training loss (default: cross-entropy)."""
     mechanism, noise = cfg.row.split("+")
     out, norms = [], []
     for c in ids:
         idx = torch.from_numpy(data.client_indices[c][: cfg.max_records])
-        grads = per_example_grads(model, params, data.x_train[idx], data.y_train[idx], clip=cfg.clip)
+        grads = per_example_grads(
+            model, params, data.x_train[idx], data.y_train[idx], clip=cfg.clip, loss_fn=loss_fn
+        )
         x = client_update(
             grads, mechanism=mechanism, batch_size=min(cfg.batch_size, grads.shape[0]), noise=noise,
             sigma=math.sqrt(sigma2), generator=torch_stream(seed, "inherent", round_, int(c)),
