@@ -25,6 +25,7 @@ LAYERS: dict[str, int] = {
     "fedsafe.catalog": 3,
     "fedsafe.engine": 4,
     "fedsafe.report": 5,
+    "fedsafe.api": 5,
     "fedsafe.cli": 5,
     "fedsafe.__main__": 5,
 }

@@ -61,7 +61,7 @@ def items(kind: str) -> list[Item]:
 
         return _registry_items(MODELS, "model")
     if kind == "datasets":
-        from fedsafe.data.loader import DATASETS
+        from fedsafe.data.config import DATASETS
 
         return _registry_items(DATASETS, "dataset")
     if kind == "partitions":

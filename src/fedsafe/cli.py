@@ -46,9 +46,23 @@ def _root(
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="print the version and exit")
     ] = False,
+    import_: Annotated[
+        list[str],
+        typer.Option(
+            "--import", metavar="MODULE",
+            help="import a Python module first (repeatable), e.g. one that registers your own rules, attacks or "
+            "datasets with fedsafe.register_*, so that a TOML file can name them",
+        ),
+    ] = [],  # noqa: B006
 ) -> None:
     """Federated learning that is private against a curious server and robust against
     poisoning clients, and that measures both."""
+    from fedsafe.engine.sweep import import_user_modules
+
+    try:
+        import_user_modules(import_)
+    except ImportError as e:
+        _fail(FedsafeError(str(e)))
 
 
 @app.command()

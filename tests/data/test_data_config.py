@@ -64,7 +64,8 @@ def test_out_of_range_fields_name_field_and_range(field: str, value: object, exp
 
 def test_unknown_names_list_the_valid_ones() -> None:
     message = _error(name="imagenet")
-    assert "name" in message and "'digits'" in message and "'cifar10'" in message
+    assert "name" in message and "unknown dataset 'imagenet'" in message
+    assert "valid: cifar10, digits, fashion_mnist, mnist, synthetic" in message
     message = _error(partition="pathological")
     assert "partition" in message and "'dirichlet'" in message and "'natural'" in message
 

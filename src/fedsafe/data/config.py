@@ -7,11 +7,26 @@ every key involved, prefixed ``data.`` as they appear in the TOML.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-DatasetName = Literal["digits", "synthetic", "mnist", "fashion_mnist", "cifar10"]
+from fedsafe.core.registry import Registry, RegistryError
+
+# name -> reader(cfg, num_clients, seed, **data.params) returning the raw splits
+# (fedsafe.data.loader). The built-in readers are registered lazily (naming them imports
+# nothing); users add their own with fedsafe.register_dataset (fedsafe.data.user).
+DATASETS: Registry = Registry("dataset")
+for _name, _summary in (
+    ("digits", "scikit-learn's bundled handwritten digits: 1,797 images of 8x8 pixels, 10 classes (no download)"),
+    ("synthetic", "synthetic(alpha, beta) of Li et al. (FedProx): one generator per client"),
+    ("mnist", "MNIST from its IDX files (optionally .gz) in data.path: 28x28 grey digits"),
+    ("fashion_mnist", "Fashion-MNIST from its IDX files (optionally .gz) in data.path: 28x28 grey clothes"),
+    ("cifar10", "CIFAR-10 from the python pickle batches in data.path: 32x32 colour images, 10 classes"),
+):
+    DATASETS.register_lazy(_name, f"fedsafe.data.loader:_{_name}", _summary)
+#: The datasets fedsafe ships (a user's registered dataset is none of these).
+BUILTIN_DATASETS: frozenset[str] = frozenset(DATASETS.names())
 PartitionName = Literal["iid", "dirichlet", "shards", "gamma", "natural"]
 
 #: Datasets read from files under ``data.path``.
@@ -31,7 +46,13 @@ class DataConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    name: DatasetName = "digits"
+    name: str = Field(
+        "digits", description="a registered dataset: digits, synthetic, mnist, fashion_mnist, cifar10, or "
+        "one registered with fedsafe.register_dataset"
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict, description="parameters of a dataset registered with fedsafe.register_dataset"
+    )
     path: str | None = Field(
         None, description="directory holding the dataset files (mnist, fashion_mnist, cifar10)"
     )
@@ -52,8 +73,25 @@ class DataConfig(BaseModel):
     synthetic_classes: int = Field(10, ge=2)
     synthetic_samples: int = Field(100, ge=2, description="mean samples per client")
 
+    @field_validator("name")
+    @classmethod
+    def _registered(cls, v: str) -> str:
+        if v not in DATASETS:
+            raise ValueError(f"unknown dataset {v!r}; valid: {', '.join(DATASETS.names())}")
+        return v
+
     @model_validator(mode="after")
     def _cross_field_checks(self) -> DataConfig:
+        if self.params:
+            if self.name in BUILTIN_DATASETS:
+                raise ValueError(
+                    f"data.params applies to datasets registered with fedsafe.register_dataset; "
+                    f"data.name={self.name!r} takes its settings as data.* keys"
+                )
+            try:
+                DATASETS.check_params(self.name, self.params)
+            except RegistryError as e:
+                raise ValueError(f"data.params: {e}") from None
         if self.name in FILE_DATASETS and not self.path:
             raise ValueError(
                 f"data.path is required for data.name={self.name!r}: set it to the directory "

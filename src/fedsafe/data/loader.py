@@ -24,10 +24,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedsafe.core.registry import Registry
 from fedsafe.core.streams import numpy_stream
 from fedsafe.data.cifar import load_cifar10
-from fedsafe.data.config import IMAGE_DATASETS, DataConfig
+from fedsafe.data.config import DATASETS, IMAGE_DATASETS, DataConfig
 from fedsafe.data.dataset import FederatedDataset
 from fedsafe.data.digits import NUM_CLASSES as DIGITS_CLASSES
 from fedsafe.data.digits import load_digits_images
@@ -57,13 +56,11 @@ class _Raw:
 # Resized images live in memory as float32; larger requests are refused before any work.
 MAX_RESIZED_BYTES = 8 * 2**30
 
-Reader = Callable[[DataConfig, int, int], _Raw]
-# A dataset reader returns the raw train/test splits; its docstring's first paragraph is what
-# `fedsafe list datasets` shows.
-DATASETS: Registry[Reader] = Registry("dataset")
+Reader = Callable[..., _Raw]
+# A dataset reader, reader(cfg, num_clients, seed, **cfg.params), returns the raw train/test
+# splits. The built-in ones below are registered (lazily) in fedsafe.data.config.DATASETS.
 
 
-@DATASETS.register("digits")
 def _digits(cfg: DataConfig, num_clients: int, seed: int) -> _Raw:
     """scikit-learn's bundled handwritten digits: 1,797 images of 8×8 pixels, 10 classes
     (no download); a stratified test split of ``data.test_fraction``."""
@@ -72,7 +69,6 @@ def _digits(cfg: DataConfig, num_clients: int, seed: int) -> _Raw:
     return _Raw(x[train], y[train], x[test], y[test], DIGITS_CLASSES, 1.0)
 
 
-@DATASETS.register("synthetic")
 def _synthetic(cfg: DataConfig, num_clients: int, seed: int) -> _Raw:
     """synthetic(α, β) of Li et al. (FedProx): 60 features, 10 classes, one generator per
     client (``data.partition = "natural"`` keeps them)."""
@@ -93,21 +89,18 @@ def _synthetic(cfg: DataConfig, num_clients: int, seed: int) -> _Raw:
     return _Raw(gen.x[train], gen.y[train], gen.x[test], gen.y[test], cfg.synthetic_classes, 1.0, natural)
 
 
-@DATASETS.register("mnist")
 def _mnist(cfg: DataConfig, num_clients: int, seed: int) -> _Raw:
     """MNIST from its IDX files (optionally .gz) in ``data.path``: 28×28 grey digits."""
     assert cfg.path is not None  # DataConfig guarantees it
     return _Raw(*load_mnist_idx(cfg.path, "mnist"), num_classes=10, scale=255.0)
 
 
-@DATASETS.register("fashion_mnist")
 def _fashion_mnist(cfg: DataConfig, num_clients: int, seed: int) -> _Raw:
     """Fashion-MNIST from its IDX files (optionally .gz) in ``data.path``: 28×28 grey clothes."""
     assert cfg.path is not None
     return _Raw(*load_mnist_idx(cfg.path, "fashion_mnist"), num_classes=10, scale=255.0)
 
 
-@DATASETS.register("cifar10")
 def _cifar10(cfg: DataConfig, num_clients: int, seed: int) -> _Raw:
     """CIFAR-10 from the python pickle batches in ``data.path`` (read by a restricted
     unpickler: no code runs): 32×32 colour images, 10 classes."""
@@ -139,7 +132,7 @@ def load_federated(cfg: DataConfig | Mapping[str, Any], num_clients: int, seed: 
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be an int >= 0, got {seed!r}")
     num_clients, seed = int(num_clients), int(seed)
-    raw = DATASETS.entry(cfg.name).impl(cfg, num_clients, seed)
+    raw = DATASETS.entry(cfg.name).impl(cfg, num_clients, seed, **cfg.params)
 
     if raw.natural is not None and cfg.partition == "natural":
         keep = subset_keeping_groups(raw.natural, cfg.max_train, numpy_stream(seed, "data.subset", 0))

@@ -98,7 +98,7 @@ class Federation:
             from fedsafe.engine.ray_execution import RayClientWork
 
             self.backend = make_backend(cfg.ray.inner, self.model, self.layout, loss)
-            self.work = RayClientWork(cfg.clients, self.backend, self.data, seed, cfg)
+            self.work = RayClientWork(cfg.clients, self.backend, self.data, seed, cfg, ship_model=model is not None)
         else:
             self.backend = make_backend(cfg.execution, self.model, self.layout, loss)
             self.work = ClientWork(cfg.clients, self.backend, self.data, seed, zo=cfg.zo)

@@ -44,11 +44,13 @@ _HANG_SECONDS = 60.0  # fault injection: far beyond a test's timeout, yet a brok
 
 
 def _worker_work(cfg_toml: str, data_box: list[Any]) -> ClientWork:
-    """This worker's client code for the experiment; ``data_box`` holds the dataset's object
-    ref inside a list, so that Ray does not fetch the arrays for every task, only on a miss."""
+    """This worker's client code for the experiment; ``data_box`` holds the object refs of the
+    dataset and of ``(model, loss)`` inside a list, so that Ray does not fetch them for every
+    task, only on a miss. ``model`` is a user's own module (None: built from the config) and
+    ``loss`` a user's loss (None: cross-entropy), shipped by Ray's serializer from the driver."""
     import ray
 
-    key = (cfg_toml, data_box[0].hex())
+    key = (cfg_toml, data_box[0].hex(), data_box[1].hex())
     work = _WORKER_CACHE.get(key)
     if work is None:
         from fedsafe.config import parse_toml, validate
@@ -58,8 +60,10 @@ def _worker_work(cfg_toml: str, data_box: list[Any]) -> ClientWork:
 
         cfg = validate(parse_toml(cfg_toml))
         data = ray.get(data_box[0])
-        model = build_model(cfg.model, data.input_shape, data.num_classes, generator=torch_stream(cfg.seed, "model.init"))
-        backend = make_backend(cfg.ray.inner, model, ParamLayout.from_model(model))
+        model, loss = ray.get(data_box[1])
+        if model is None:
+            model = build_model(cfg.model, data.input_shape, data.num_classes, generator=torch_stream(cfg.seed, "model.init"))
+        backend = make_backend(cfg.ray.inner, model, ParamLayout.from_model(model), loss)
         work = ClientWork(cfg.clients, backend, data, cfg.seed, zo=cfg.zo)
         _WORKER_CACHE.clear()  # one experiment per worker at a time
         _WORKER_CACHE[key] = work
@@ -113,7 +117,9 @@ def training_only(data: FederatedDataset) -> FederatedDataset:
 class RayClientWork(ClientWork):
     """ClientWork whose ``run`` fans clients out to Ray tasks."""
 
-    def __init__(self, cfg, backend, data, seed: int, experiment) -> None:
+    def __init__(self, cfg, backend, data, seed: int, experiment, *, ship_model: bool = False) -> None:
+        """``ship_model``: send the backend's module to the workers (a user's own module, which
+        they cannot build from the config)."""
         super().__init__(cfg, backend, data, seed, zo=experiment.zo)
         rc = experiment.ray
         check_address(rc.address)
@@ -131,7 +137,8 @@ class RayClientWork(ClientWork):
                 ray.init(address=rc.address, include_dashboard=False, log_to_driver=False, configure_logging=False)
             self._started = True
         self._ray = ray
-        self._data_box = [ray.put(training_only(data))]
+        custom = backend.model if ship_model else None
+        self._data_box = [ray.put(training_only(data)), ray.put((custom, backend.loss_fn))]
         self._task = ray.remote(_client_task).options(
             num_cpus=rc.num_cpus, num_gpus=rc.num_gpus, max_retries=rc.retries, retry_exceptions=rc.retries > 0
         )

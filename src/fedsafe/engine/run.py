@@ -45,6 +45,9 @@ RUN_FILES = frozenset({
 })
 
 
+FederationFactory = Callable[[ExperimentConfig, Path], Federation]
+
+
 @dataclass
 class Job:
     name: str
@@ -169,17 +172,19 @@ class _Lines:
 
 
 def build_federations(
-    cfg: ExperimentConfig, out_dir: Path, *, resume: bool
+    cfg: ExperimentConfig, out_dir: Path, *, resume: bool, federation: FederationFactory | None = None
 ) -> list[tuple[Job, Federation | None]]:
     """Every job's federation, built (data loaded, rules and protocols checked) before any
-    output is written; finished jobs of a resumed run get None."""
+    output is written, by ``federation(job_cfg, job_out_dir)`` (default: ``Federation`` of the
+    config alone); finished jobs of a resumed run get None."""
+    make = federation or (lambda job_cfg, job_dir: Federation(job_cfg, out_dir=job_dir))
     feds: list[tuple[Job, Federation | None]] = []
     try:
         for job in jobs(cfg, out_dir):
             if resume and (job.out_dir / SUMMARY).is_file():
                 feds.append((job, None))
                 continue
-            fed = Federation(job.cfg, out_dir=job.out_dir)
+            fed = make(job.cfg, job.out_dir)
             feds.append((job, fed))
             if resume and (job.out_dir / CHECKPOINT).exists():
                 fed.restore()
@@ -200,8 +205,11 @@ def run_experiment(
     quiet: bool = False,
     console: Console | None = None,
     on_round: Callable[[str, dict[str, Any]], None] | None = None,
+    federation: FederationFactory | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Run (or resume) every job of ``cfg`` under ``out_dir``; returns summaries by job name.
+    ``federation(job_cfg, job_out_dir)`` builds each job's :class:`Federation` (the Python
+    API passes a user's model, data and loss this way).
 
     Raises :class:`ConfigError` for a config that cannot run and :class:`RunDirError` for an
     output directory that cannot be used or written (nothing is written in either case, except
@@ -210,7 +218,7 @@ def run_experiment(
     out_dir = Path(out_dir)
     if not resume:
         prepare_out_dir(out_dir, overwrite)
-    feds = build_federations(cfg, out_dir, resume=resume)
+    feds = build_federations(cfg, out_dir, resume=resume, federation=federation)
     try:
         if not resume:
             try:

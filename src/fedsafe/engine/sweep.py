@@ -350,9 +350,35 @@ class Tick:
 # --- running ------------------------------------------------------------------------------
 
 
+#: Modules imported before anything runs (``fedsafe --import``), recorded for worker processes.
+IMPORT_ENV = "FEDSAFE_IMPORT"
+
+
+def import_user_modules(names: Sequence[str]) -> None:
+    """Import each module (found from the current directory too, as ``python -m`` would): a
+    user's module that registers rules, attacks or datasets, so that configs can name them.
+    The names are kept in the environment variable ``FEDSAFE_IMPORT``, which sweep workers
+    read (a worker process started by spawn re-imports them). ImportError names the module."""
+    import importlib
+    import sys
+
+    if not names:
+        return
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # the user's module: any failure is reported as an import error
+            raise ImportError(f"--import {name}: {type(e).__name__}: {e}") from None
+    have = [m for m in os.environ.get(IMPORT_ENV, "").split(",") if m]
+    os.environ[IMPORT_ENV] = ",".join(dict.fromkeys([*have, *names]))
+
+
 def _run_cell(cfg_toml: str, out_dir: str, threads: int) -> dict[str, Any]:
     # Runs in a worker process: one thread each, so parallel cells do not oversubscribe cores.
     torch.set_num_threads(threads)
+    import_user_modules([m for m in os.environ.get(IMPORT_ENV, "").split(",") if m])
     cfg = validate(parse_toml(cfg_toml))
     try:
         return run_experiment(cfg, Path(out_dir), overwrite=True, quiet=True)[cfg.name]
