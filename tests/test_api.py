@@ -355,6 +355,10 @@ SUBSYSTEMS = {
     "tee": {"protocol": "tee", "tee": {"processes": False}, "robust": {"rule": "multi_krum"},
             "attack": {"name": "alie", "f": 1}},
     "zeroth order": {"clients": {"gradient": "zeroth_order"}, "zo": {"k": 8, "sigma": 1e-3}},
+    "inherent (DP from secure aggregation)": {
+        "clients": {"algorithm": "inherent"}, "data": {"test_fraction": 0.1},
+        "inherent": {"row": "gsgd+wf_na", "clip": 10.0, "batch_size": 32, "sigma2": 0.01, "max_records": 40},
+    },
 }
 
 

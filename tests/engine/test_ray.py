@@ -28,6 +28,33 @@ def test_ray_equals_serial(local_ray):
     assert strip(serial.rows) == strip(on_ray.rows)  # inner serial backend: identical numbers
 
 
+class _TanhNet(torch.nn.Module):
+    """A user's module the workers cannot build from a config: shipped from the driver."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(64, 16)
+        self.b = torch.nn.Linear(16, 10)
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x.flatten(1))))
+
+
+def _smoothed(logits, y):
+    return torch.nn.functional.cross_entropy(logits, y, label_smoothing=0.1)
+
+
+def test_ray_runs_a_users_module_and_loss_as_serial(local_ray):
+    over = {"rounds": 2, "clients.num_clients": 4}
+    torch.manual_seed(0)
+    net = _TanhNet()
+    serial = Federation(small(execution="serial", **over), model=net, loss=_smoothed)
+    on_ray = Federation(small(execution="ray", **over), model=net, loss=_smoothed)
+    serial.run(), on_ray.run()
+    assert strip(serial.rows) == strip(on_ray.rows)
+    assert torch.equal(serial.state.params, on_ray.state.params)
+
+
 def test_killed_worker_is_a_recorded_dropout(local_ray):
     cfg = small(execution="ray", rounds=3, **{"clients.num_clients": 5, "ray.fail": [[2, 1]]})
     fed = Federation(cfg)

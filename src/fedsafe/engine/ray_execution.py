@@ -97,6 +97,28 @@ def _client_task(
     return res.updates, res.losses, res.momentum
 
 
+def _pickle_by_value(*objects: Any) -> None:
+    """Have Ray serialize the modules defining a user's model class and loss by value: workers
+    then need not import them (a class in a script, a notebook or a test file that is not on
+    the workers' path would otherwise fail to load there, and every task would fail)."""
+    import sys
+
+    from ray import cloudpickle
+
+    names = set()
+    for obj in objects:
+        if isinstance(obj, torch.nn.Module):  # every layer's class, wherever it is defined
+            names |= {type(m).__module__ for m in obj.modules()}
+        elif obj is not None:
+            names.add(getattr(obj, "__module__", None))
+    for name in names:
+        if not name or name == "__main__" or name.split(".")[0] in ("fedsafe", "torch", "builtins"):
+            continue  # __main__ is serialized by value already; the rest workers import
+        module = sys.modules.get(name)
+        if module is not None:
+            cloudpickle.register_pickle_by_value(module)
+
+
 def check_address(address: str) -> None:
     """Refuse, naming ``ray.address``, what Ray itself would refuse less clearly."""
     if importlib.util.find_spec("ray") is None:
@@ -138,6 +160,8 @@ class RayClientWork(ClientWork):
             self._started = True
         self._ray = ray
         custom = backend.model if ship_model else None
+        if ship_model:
+            _pickle_by_value(custom, backend.loss_fn)
         self._data_box = [ray.put(training_only(data)), ray.put((custom, backend.loss_fn))]
         self._task = ray.remote(_client_task).options(
             num_cpus=rc.num_cpus, num_gpus=rc.num_gpus, max_retries=rc.retries, retry_exceptions=rc.retries > 0
