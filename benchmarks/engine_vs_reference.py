@@ -11,8 +11,9 @@ at the global model, local momentum β = 0.9, no weight decay), the plain mean, 
 - ``loop``: a plain autograd loop — per client ``zero_grad``, ``backward``, momentum on the
   flattened gradient, then the mean.
 
-The three are timed round by round in turn (fedsafe, vmap, loop, fedsafe, ...) after warm-up
-rounds, so load from other processes hits them alike; at least 7 rounds each, and for fast
+The three are timed round by round in turn after warm-up rounds, so load from other processes
+hits them alike, the order rotating every round (fedsafe, vmap, loop; vmap, loop, fedsafe; ...)
+so that each follows each of the others equally often; at least 7 rounds each, and for fast
 cells as many as fit in about a second of fedsafe rounds (at most 101), so that the median of
 millisecond rounds is not one scheduler hiccup. The median per implementation is
 reported, with ``fedsafe / min(vmap, loop)``, the figure the README quotes (target ≤ 1.25).
@@ -169,10 +170,13 @@ def time_cell(model: str, n: int) -> dict:
         fed.run_round()
         rounds = int(min(101, max(rounds, 1.0 / max(time.perf_counter() - t0, 1e-6))))
     times: dict[str, list[float]] = {k: [] for k in impls}
-    for _ in range(rounds):
-        for k, fn in impls.items():
+    names = list(impls)
+    for r in range(rounds):
+        # the order rotates every round, so that each implementation follows each of the others
+        # equally often (whatever ran before leaves the caches and the OpenMP threads in its state)
+        for k in names[r % 3:] + names[: r % 3]:
             t0 = time.perf_counter()
-            fn()
+            impls[k]()
             times[k].append(time.perf_counter() - t0)
     med = {k: statistics.median(v) * 1000 for k, v in times.items()}
     best_ref = min(med["vmap"], med["loop"])

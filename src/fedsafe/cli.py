@@ -187,7 +187,7 @@ def sweep(
         split_axes,
         write_best_worst_case_csv,
     )
-    from fedsafe.report.heatmap import plot_best_worst_case, plot_sweep
+    from fedsafe.report.heatmap import has_metric, plot_best_worst_case, plot_sweep
     from fedsafe.report.runs import ReportError
 
     try:
@@ -219,6 +219,8 @@ def sweep(
                 return
             acc = t.result.get("final_accuracy")
             note = f"{100 * acc:.1f}%" if acc is not None else f"n/a ({t.result.get('not_applicable')})"
+            if t.result.get("final_attack_success_rate") is not None:
+                note += f", attack success {100 * t.result['final_attack_success_rate']:.1f}%"
             which = t.cell.dirname + (f" seed={t.seed}" if seeds > 1 else "")
             err.print(f"[{t.line}] {which}: {note}", highlight=False, soft_wrap=True, markup=False)
             bar.update(task, completed=t.done, description=t.line)
@@ -237,6 +239,10 @@ def sweep(
             return
         png = plot_sweep(records, keys, r, c, out_dir / "heatmap.png", worst_case=worst_case)
         out.print(f"wrote {png}", highlight=False)
+        if has_metric(records, "final_attack_success_rate"):  # backdoors: their success beside accuracy
+            png = plot_sweep(records, keys, r, c, out_dir / "heatmap_asr.png", worst_case=worst_case,
+                             metric="final_attack_success_rate")
+            out.print(f"wrote {png}", highlight=False)
     except ReportError as e:
         _fail(ConfigError([str(e)]))
     except FedsafeError as e:

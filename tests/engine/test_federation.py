@@ -185,7 +185,7 @@ def test_label_flip_trains_byzantine_clients_on_flipped_labels():
     fed = Federation(cfg)
     byz = np.array(sorted(fed.byzantine))
     flipped = fed.work.run(1, fed.state.params, byz, torch.zeros(2, fed.state.params.numel()),
-                           lambda y, c: c - 1 - y)
+                           lambda x, y, c: (x, c - 1 - y))
     honest_way = fed.work.run(1, fed.state.params, byz, torch.zeros(2, fed.state.params.numel()))
     assert not torch.allclose(flipped.updates, honest_way.updates)
     seen = {}

@@ -163,16 +163,20 @@ def geometric_median(x, f, eps=1e-8, tol=1e-6, max_iter=100):
     return z
 
 
-def centered_clipping(x, f, previous=None, tau=100.0, iters=1):
+def centered_clipping(x, f, previous=None, tau=None, iters=1):
     x = _np(x)
     n, d = x.shape
     v = np.zeros(d) if previous is None else _np(previous)
     for _ in range(iters):
         step = np.zeros(d)
+        radius = tau
+        if radius is None:  # the median distance to the centre (even n: mean of the middle two)
+            dist = sorted(_norm(r - v) for r in x)
+            radius = dist[n // 2] if n % 2 else (dist[n // 2 - 1] + dist[n // 2]) / 2
         for r in x:
             u = r - v
             nu = _norm(u)
-            step = step + (u * min(1.0, tau / nu) if nu > 0 else u)
+            step = step + (u * min(1.0, radius / nu) if nu > 0 else u)
         v = v + step / n
     return v
 

@@ -254,3 +254,22 @@ def test_registry_lookup_and_unknown_parameters():
         AGGREGATORS.get("centered_clipping", {"previous": None})
     with pytest.raises(RegistryError, match="unknown aggregation rule 'krumm'"):
         AGGREGATORS.get("krumm")
+
+
+def test_centered_clipping_default_radius_is_the_median_distance():
+    # tau = None: the median distance to the centre, whatever the scale of the updates. With
+    # ByzFL's fixed 100 on updates of norm ~1 nothing is clipped and the rule is the mean.
+    g = torch.Generator().manual_seed(3)
+    for scale in (1e-3, 1.0, 1e3):
+        honest = scale * (1 + 0.1 * torch.randn(9, 40, generator=g, dtype=torch.float64))
+        x = torch.cat([honest, -20 * scale * torch.ones(2, 40, dtype=torch.float64)])
+        out = AGGREGATORS.get("centered_clipping")(x, f=2)
+        dist = torch.linalg.vector_norm(x, dim=1)
+        radius = dist.median()  # 11 rows: the middle one
+        want = (x * torch.clamp(radius / dist, max=1)[:, None]).mean(0)
+        torch.testing.assert_close(out, want)
+        err_cc = torch.linalg.vector_norm(out - honest.mean(0))
+        err_mean = torch.linalg.vector_norm(x.mean(0) - honest.mean(0))
+        assert err_cc < 0.25 * err_mean
+    fixed = AGGREGATORS.get("centered_clipping", {"tau": 100.0})(x / 1e4, f=2)  # every distance < 13
+    torch.testing.assert_close(fixed, (x / 1e4).mean(0))  # the old default: no clipping at this scale

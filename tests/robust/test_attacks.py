@@ -83,6 +83,9 @@ EXPECTED = {
     "minsum": {"direction": "std", "gamma_init": 10.0, "tol": 1e-5},
     "gaussian": {"std": 200.0},
     "inf_nan": {"value": "nan"},
+    "pattern_backdoor": {"target": 0, "size": 3, "fraction": 0.5, "boost": 1.0},
+    "model_replacement": {"target": 0, "size": 3, "fraction": 0.5, "boost": None},
+    "constrain_and_scale": {"target": 0, "size": 3, "fraction": 0.5, "boost": None, "quantile": 0.5},
 }
 
 
@@ -97,8 +100,9 @@ def test_registry_names_and_defaults():
 
 
 def test_needs_own_updates_and_label_transforms():
-    assert needs_own_updates("none") and needs_own_updates("label_flip")
-    assert not any(needs_own_updates(n) for n in EXPECTED if n not in ("none", "label_flip"))
+    own = {"none", "label_flip", "pattern_backdoor", "model_replacement", "constrain_and_scale"}
+    assert all(needs_own_updates(n) for n in own)
+    assert not any(needs_own_updates(n) for n in EXPECTED if n not in own)
     y = torch.arange(10)
     assert LABEL_TRANSFORMS["label_flip"](y, 10).tolist() == [9, 8, 7, 6, 5, 4, 3, 2, 1, 0]
     assert LABEL_TRANSFORMS["label_flip"](torch.tensor([0, 2]), 3).tolist() == [2, 0]

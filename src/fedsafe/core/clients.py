@@ -2,7 +2,7 @@
 
 The engine's ``ClientWork`` (``fedsafe.engine.clients``) holds what every algorithm shares —
 the config's ``[clients]`` section, the execution backend (per-client minibatch gradients),
-the federated data and seeded minibatches (``work.batch(round, step, ids, label_transform)``),
+the federated data and seeded minibatches (``work.batch(round, step, ids, poison)``),
 each client's local step count (``work.steps``) and, for zeroth-order clients, the BAFFLE
 settings (``work.zo``, ``work.zo_settings``) — and hands the algorithm-specific parts to the
 :class:`ClientAlgorithm` registered for the configuration:
@@ -48,7 +48,7 @@ class ClientAlgorithm:
     keeps_momentum = False
 
     def run(self, work: Any, round_: int, params: Tensor, ids: np.ndarray, momentum: Tensor | None,
-            label_transform: Any) -> LocalResult:
+            poison: Any) -> LocalResult:
         raise NotImplementedError
 
     def message_dim(self, work: Any, dim: int) -> int:

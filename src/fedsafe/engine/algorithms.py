@@ -25,11 +25,11 @@ class DSGD(ClientAlgorithm):
     keeps_momentum = True
 
     def run(self, work: Any, round_: int, params: Tensor, ids: np.ndarray, momentum: Tensor | None,
-            label_transform: Any) -> LocalResult:
+            poison: Any) -> LocalResult:
         cfg = work.cfg
         if momentum is None:
             raise ValueError("dsgd needs the clients' momentum rows")
-        x, y = work.batch(round_, 0, ids, label_transform)
+        x, y = work.batch(round_, 0, ids, poison)
         g, losses = work.backend.gradients(params, x, y)  # a fresh (n, d) tensor: updated in place
         if cfg.weight_decay:
             g.add_(params, alpha=cfg.weight_decay)
@@ -42,14 +42,14 @@ class FedAvg(ClientAlgorithm):
     """local SGD steps; sends the model delta"""
 
     def run(self, work: Any, round_: int, params: Tensor, ids: np.ndarray, momentum: Tensor | None,
-            label_transform: Any) -> LocalResult:
+            poison: Any) -> LocalResult:
         cfg = work.cfg
         steps = work.steps[ids]
         local = params.expand(len(ids), -1).clone()
         losses = params.new_zeros(len(ids))
         for s in range(int(steps.max(initial=0))):
             active = np.flatnonzero(steps > s)
-            x, y = work.batch(round_, s, ids[active], label_transform)
+            x, y = work.batch(round_, s, ids[active], poison)
             rows = torch.from_numpy(active)
             w = local[rows]
             g, l = work.backend.gradients(params if s == 0 else w, x, y)

@@ -244,8 +244,10 @@ class ClientWork:
 
         return make_loss(self.backend.model, self.backend.layout, self.backend.loss_fn)
 
-    def batch(self, round_: int, step: int, ids: np.ndarray, label_transform) -> tuple[Tensor, Tensor]:
-        """The minibatches of clients ``ids`` at (round, step), labels transformed (label flip)."""
+    def batch(self, round_: int, step: int, ids: np.ndarray, poison) -> tuple[Tensor, Tensor]:
+        """The minibatches of clients ``ids`` at (round, step), shapes (n, B, ...) and (n, B),
+        poisoned by ``poison(x, y, num_classes)`` when given (a Byzantine client's label flip
+        or backdoor: fedsafe.robust.backdoor.Poison)."""
         idx = torch.from_numpy(
             draw_batches(self.seed, round_, step, ids, self.data.client_indices, self.cfg.batch_size, flat=self._flat)
         )
@@ -253,8 +255,8 @@ class ClientWork:
         flat, shape = idx.reshape(-1), tuple(idx.shape)
         x = self.data.x_train.index_select(0, flat).view(*shape, *self.data.x_train.shape[1:])
         y = self.data.y_train.index_select(0, flat).view(shape)
-        if label_transform is not None:
-            y = label_transform(y, self.data.num_classes)
+        if poison is not None:
+            x, y = poison(x, y, self.data.num_classes)
         return x, y
 
     def run(
@@ -263,6 +265,6 @@ class ClientWork:
         params: Tensor,
         ids: np.ndarray,
         momentum: Tensor | None = None,
-        label_transform: Callable[[Tensor, int], Tensor] | None = None,
+        poison: Callable[[Tensor, Tensor, int], tuple[Tensor, Tensor]] | None = None,
     ) -> LocalResult:
-        return self.algorithm.run(self, round_, params, ids, momentum, label_transform)
+        return self.algorithm.run(self, round_, params, ids, momentum, poison)

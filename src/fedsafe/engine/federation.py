@@ -36,7 +36,8 @@ from fedsafe.engine.state import (
     save_checkpoint,
 )
 from fedsafe.models import ParamLayout, build_model, check_model, flatten_params
-from fedsafe.robust.attacks import ATTACKS, LABEL_TRANSFORMS, AttackContext
+from fedsafe.robust.attacks import ATTACKS, AttackContext
+from fedsafe.robust.backdoor import attack_success_rate, make_poison
 from fedsafe.robust.pipeline import RobustPipeline
 
 
@@ -118,7 +119,10 @@ class Federation:
         self._check_pipeline_size()
 
         self.attack = ATTACKS.get(cfg.attack.name, cfg.attack.params)
-        self.label_transform = LABEL_TRANSFORMS.get(cfg.attack.name)
+        try:  # the data the Byzantine clients train on (label flip, backdoor), if the attack poisons it
+            self.poison = make_poison(cfg.attack.name, cfg.attack.params, self.data.x_train, self.data.num_classes)
+        except ValueError as e:
+            raise ConfigError([str(e)]) from None
         self.byzantine = byzantine_ids(seed, cfg.clients.num_clients, cfg.attack.f)
         self._byzantine_mask = np.zeros(cfg.clients.num_clients, dtype=bool)
         self._byzantine_mask[list(self.byzantine)] = True
@@ -274,6 +278,19 @@ class Federation:
                 correct += int((logits.argmax(1) == yy).sum())
         return loss / len(y), correct / len(y)
 
+    def attack_success_rate(self, params: Tensor | None = None) -> float | None:
+        """For a backdoor attack: the fraction of triggered test inputs of the other classes that
+        the evaluated model (or ``params``) assigns to the target (fedsafe.robust.backdoor);
+        None for other attacks."""
+        if self.poison is None:
+            return None
+        if params is None:
+            params = self.state.params if self.ema is None else self.ema.value
+        weights = self.layout.unflatten(params)
+        return attack_success_rate(
+            lambda x: functional_call(self.model, weights, (x,)), self.data.x_test, self.data.y_test, self.poison
+        )
+
     def run_round(self) -> dict[str, Any]:
         t0 = time.perf_counter()
         cfg, st = self.cfg, self.state
@@ -319,6 +336,8 @@ class Federation:
         st.round = t
         if t % cfg.eval_every == 0 or t == cfg.rounds:
             row["test_loss"], row["test_accuracy"] = self.evaluate()
+            if self.poison is not None and self.poison.trigger is not None:
+                row["attack_success_rate"] = self.attack_success_rate()
         else:
             row["test_loss"] = row["test_accuracy"] = None
         for p in self.plugins:
@@ -405,8 +424,8 @@ class Federation:
         self, t: int, honest: Tensor, honest_ids: np.ndarray, byz: np.ndarray, n: int
     ) -> Tensor:
         own = None
-        if self.label_transform is not None:
-            res = self.work.run(t, self.state.params, byz, self._momentum(byz), self.label_transform)
+        if self.poison is not None:
+            res = self.work.run(t, self.state.params, byz, self._momentum(byz), self.poison)
             self._set_momentum(byz, res.momentum)
             own = res.updates
         actx = AttackContext(

@@ -71,6 +71,9 @@ def summarize(rows: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         "skipped_rounds": sum(1 for r in rows if r.get("skipped")),
         "excluded_nonfinite": sum(r.get("excluded_nonfinite", 0.0) for r in rows),
     }
+    asr = [r["attack_success_rate"] for r in rows if r.get("attack_success_rate") is not None]
+    if asr:  # a backdoor attack: the success rate of the evaluated model at the end
+        summary["final_attack_success_rate"] = asr[-1]
     # Privacy figures (epsilon, ...) are cumulative: the summary reports the last round's value.
     for key in ("epsilon", "delta"):
         vals = [r[key] for r in rows if r.get(key) is not None]

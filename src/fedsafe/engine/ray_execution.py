@@ -77,7 +77,7 @@ def _client_task(
     params: Tensor,
     ids: np.ndarray,
     momentum: Tensor | None,
-    flip: str | None,
+    poison: Any,
     inherent: tuple[Any, float] | None,
     faults: dict[str, list[list[int]]],
     threads: int,
@@ -88,12 +88,9 @@ def _client_task(
         os._exit(1)  # fault injection: the worker process dies mid-round
     if any(r == round_ and int(c) in mine for r, c in faults["hang"]):
         time.sleep(_HANG_SECONDS)  # fault injection: the task hangs
-    from fedsafe.robust.attacks import LABEL_TRANSFORMS
-
     work = _worker_work(cfg_toml, data_box)
     work.inherent = inherent  # (InherentConfig, σ²) fixed by the driver for algorithm = "inherent"
-    transform = None if flip is None else LABEL_TRANSFORMS[flip]
-    res = work.run(round_, params, ids, momentum, transform)
+    res = work.run(round_, params, ids, momentum, poison)
     return res.updates, res.losses, res.momentum
 
 
@@ -178,13 +175,8 @@ class RayClientWork(ClientWork):
             slots = min(slots, int(total.get("GPU", 0) // self.rc.num_gpus))
         return max(1, slots)
 
-    def run(self, round_, params, ids, momentum=None, label_transform=None) -> LocalResult:
+    def run(self, round_, params, ids, momentum=None, poison=None) -> LocalResult:
         ray = self._ray
-        flip = None
-        if label_transform is not None:
-            from fedsafe.robust.attacks import LABEL_TRANSFORMS
-
-            flip = next(k for k, v in LABEL_TRANSFORMS.items() if v is label_transform)
         params_ref = ray.put(params)
         step = self.rc.clients_per_task
         chunks = [np.arange(i, min(i + step, len(ids))) for i in range(0, len(ids), step)]
@@ -200,7 +192,7 @@ class RayClientWork(ClientWork):
                 k, rows = queue.pop(0)
                 mom = None if momentum is None else momentum[torch.from_numpy(rows)]
                 ref = self._task.remote(
-                    self._cfg_toml, self._data_box, round_, params_ref, ids[rows], mom, flip, self.inherent, faults,
+                    self._cfg_toml, self._data_box, round_, params_ref, ids[rows], mom, poison, self.inherent, faults,
                     threads,
                 )
                 pending[ref] = (k, float("inf") if timeout is None else time.monotonic() + timeout)

@@ -450,29 +450,36 @@ def run_sweep(
         res = [(rep.seed, results[(cell.dirname, rep.seed)]) for rep in group]
         for seed, r in res:
             runs.append({**dict(cell.assignment), "seed": seed, "final_accuracy": r.get("final_accuracy"),
-                         "best_accuracy": r.get("best_accuracy"), "not_applicable": r.get("not_applicable", ""),
+                         "best_accuracy": r.get("best_accuracy"),
+                         "final_attack_success_rate": r.get("final_attack_success_rate"),
+                         "not_applicable": r.get("not_applicable", ""),
                          "dir": where[(cell.dirname, seed)].relative_to(out_dir).as_posix()})
         finals = [r.get("final_accuracy") for _, r in res]
         final, final_sd, n = mean_sd(finals)
         best, best_sd, _ = mean_sd(r.get("best_accuracy") for _, r in res)
+        asr, asr_sd, _ = mean_sd(r.get("final_attack_success_rate") for _, r in res)
         records.append({
             **dict(cell.assignment),
             "final_accuracy": final, "final_accuracy_sd": final_sd,
             "best_accuracy": best, "best_accuracy_sd": best_sd, "n_seeds": n,
+            "final_attack_success_rate": asr, "final_attack_success_rate_sd": asr_sd,
             "seeds": [s for s, _ in res], "final_accuracy_seeds": finals,
             "not_applicable": next((r["not_applicable"] for _, r in res if r.get("not_applicable")), ""),
         })
     write_sweep_csv(out_dir / SWEEP_CSV, list(grid), records)
-    _write_csv(out_dir / SEEDS_CSV, [*grid, "seed", "final_accuracy", "best_accuracy", "not_applicable", "dir"], runs)
+    _write_csv(out_dir / SEEDS_CSV, [*grid, "seed", "final_accuracy", "best_accuracy", "final_attack_success_rate",
+                                     "not_applicable", "dir"], runs)
     return records
 
 
-SWEEP_COLUMNS = ("final_accuracy", "final_accuracy_sd", "best_accuracy", "best_accuracy_sd", "n_seeds", "not_applicable")
+SWEEP_COLUMNS = ("final_accuracy", "final_accuracy_sd", "best_accuracy", "best_accuracy_sd", "n_seeds",
+                 "final_attack_success_rate", "final_attack_success_rate_sd", "not_applicable")
 
 
 def write_sweep_csv(path: Path, keys: list[str], records: list[dict[str, Any]]) -> None:
     """One row per cell: the grid values, then the mean and sd over seeds of the final and
-    best accuracy, the number of seeds that produced an accuracy, and the n/a reason."""
+    best accuracy, the number of seeds that produced an accuracy, the mean and sd of the final
+    attack success rate (backdoor attacks; empty otherwise), and the n/a reason."""
     _write_csv(path, [*keys, *SWEEP_COLUMNS], records)
 
 

@@ -25,6 +25,8 @@ from fedsafe.report.runs import ReportError
 
 NA_COLOUR = "#d0d0d0"  # light grey: n/a cells must not vanish into the white figure
 CMAP = matplotlib.colormaps["viridis"].with_extremes(bad=NA_COLOUR)
+# for metrics where lower is better (attack success): the same colours, good still bright
+CMAP_LOWER_BETTER = matplotlib.colormaps["viridis_r"].with_extremes(bad=NA_COLOUR)
 NORM = Normalize(vmin=0, vmax=100)
 
 
@@ -75,13 +77,14 @@ def cell_text(mean: float, sd: float) -> str:
 
 
 def _draw(
-    ax: MplAxes, m: np.ndarray, sd: np.ndarray, row_vals: list[Any], col_vals: list[Any], notes=None, fontsize: int = 8
+    ax: MplAxes, m: np.ndarray, sd: np.ndarray, row_vals: list[Any], col_vals: list[Any], notes=None, fontsize: int = 8,
+    cmap=CMAP,
 ):
-    im = ax.imshow(100 * m, cmap=CMAP, norm=NORM, aspect="auto")
+    im = ax.imshow(100 * m, cmap=cmap, norm=NORM, aspect="auto")
     ax.set_xticks(range(len(col_vals)), [format_value(v) for v in col_vals])
     ax.set_yticks(range(len(row_vals)), [format_value(v) for v in row_vals])
     for i, j in itertools.product(range(m.shape[0]), range(m.shape[1])):
-        fill = to_rgb(NA_COLOUR) if np.isnan(m[i, j]) else CMAP(NORM(100 * m[i, j]))
+        fill = to_rgb(NA_COLOUR) if np.isnan(m[i, j]) else cmap(NORM(100 * m[i, j]))
         text = cell_text(m[i, j], sd[i, j])
         if notes is not None and notes[i][j]:
             text += "\n" + notes[i][j]
@@ -89,9 +92,28 @@ def _draw(
     return im
 
 
+#: What a sweep heatmap can show: key -> (title, colour-bar label, higher is better).
+METRICS = {
+    "final_accuracy": ("final accuracy", "final test accuracy (%)", True),
+    "final_attack_success_rate": ("attack success rate", "backdoor attack success rate (%)", False),
+}
+
+
+def has_metric(records: Sequence[dict[str, Any]], metric: str) -> bool:
+    """Whether any record has a value of ``metric``."""
+    return any(r.get(metric) is not None for r in records)
+
+
 def figure_sweep(
-    records: Sequence[dict[str, Any]], keys: Sequence[str], rows: str, cols: str, *, worst_case: bool = False
+    records: Sequence[dict[str, Any]], keys: Sequence[str], rows: str, cols: str, *, worst_case: bool = False,
+    metric: str = "final_accuracy",
 ) -> Figure:
+    """One panel per combination of the other grid keys (plus the worst case over them with
+    ``worst_case``) of ``metric`` (``METRICS``: the final accuracy, or a backdoor's final attack
+    success rate, whose worst case is the highest). Cells show mean ± sd over seeds."""
+    if metric not in METRICS:
+        raise ReportError(f"unknown heatmap metric {metric!r}; valid: {', '.join(METRICS)}")
+    label, bar, higher_better = METRICS[metric]
     for k in (rows, cols):
         if k not in keys:
             raise ReportError(f"heatmap axis {k!r} is not a grid key; grid keys: {', '.join(keys)}")
@@ -106,28 +128,29 @@ def figure_sweep(
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     for ax, (fixed, title) in zip(axes, panels):
         if title is None:
-            row_vals, col_vals, m = accuracy_grid(records, rows, cols, fixed)
-            sd = accuracy_grid(records, rows, cols, fixed, "final_accuracy_sd")[2]
-            title = ", ".join(f"{k}={format_value(v)}" for k, v in fixed.items()) or "final accuracy"
+            row_vals, col_vals, m = accuracy_grid(records, rows, cols, fixed, metric)
+            sd = accuracy_grid(records, rows, cols, fixed, f"{metric}_sd")[2]
+            title = ", ".join(f"{k}={format_value(v)}" for k, v in fixed.items()) or label
         else:
             row_vals, col_vals, _ = accuracy_grid(records, rows, cols, {})
             combos_ = [dict(zip(rest, c)) for c in itertools.product(*rest_vals)]
-            means = np.stack([accuracy_grid(records, rows, cols, c)[2] for c in combos_])
-            sds = np.stack([accuracy_grid(records, rows, cols, c, "final_accuracy_sd")[2] for c in combos_])
+            means = np.stack([accuracy_grid(records, rows, cols, c, metric)[2] for c in combos_])
+            sds = np.stack([accuracy_grid(records, rows, cols, c, f"{metric}_sd")[2] for c in combos_])
             # A cell is as good as its worst applicable attack (its sd goes with it); all-NaN stays NaN.
-            at = np.where(np.isnan(means), np.inf, means).argmin(axis=0)[None]
+            worst = np.where(np.isnan(means), np.inf, means) if higher_better else -np.where(np.isnan(means), -np.inf, means)
+            at = worst.argmin(axis=0)[None]
             m = np.take_along_axis(means, at, 0)[0]
             sd = np.take_along_axis(sds, at, 0)[0]
-        im = _draw(ax, m, sd, row_vals, col_vals)
+        im = _draw(ax, m, sd, row_vals, col_vals, cmap=CMAP if higher_better else CMAP_LOWER_BETTER)
         ax.set_xlabel(cols)
         ax.set_ylabel(rows)
         ax.set_title(title, fontsize=9)
-    fig.colorbar(im, ax=list(axes), label="final test accuracy (%)")
+    fig.colorbar(im, ax=list(axes), label=bar)
     return fig
 
 
-def plot_sweep(records, keys, rows, cols, out: Path, *, worst_case: bool = False) -> Path:
-    return _save(figure_sweep(records, keys, rows, cols, worst_case=worst_case), out)
+def plot_sweep(records, keys, rows, cols, out: Path, *, worst_case: bool = False, metric: str = "final_accuracy") -> Path:
+    return _save(figure_sweep(records, keys, rows, cols, worst_case=worst_case, metric=metric), out)
 
 
 def figure_best_worst_case(rows: Sequence[dict[str, Any]], axes: Axes) -> Figure:

@@ -21,7 +21,7 @@ AUDIT_COLUMNS = (
 )
 AUDIT_HEADERS = ("ε_est final", "ε_est all", "ε_lo final", "ε_lo all", "95% lo final", "95% lo all")
 CSV_COLUMNS = (
-    "run", "pipeline", "attack", "f", "final_acc_pct", "best_acc_pct",
+    "run", "pipeline", "attack", "f", "final_acc_pct", "best_acc_pct", "asr_pct",
     "rounds", "wall_s", "mb_up", "epsilon", *AUDIT_COLUMNS, "incomplete",
 )
 
@@ -29,6 +29,11 @@ CSV_COLUMNS = (
 def has_epsilon(runs: Sequence[Run]) -> bool:
     """Whether any run reports a privacy budget ε (in its rows or its summary)."""
     return any(run.final("epsilon") is not None for run in runs)
+
+
+def has_backdoor(runs: Sequence[Run]) -> bool:
+    """Whether any run measured a backdoor's attack success rate."""
+    return any(run.summary.get("final_attack_success_rate") is not None for run in runs)
 
 
 def has_audit(runs: Sequence[Run]) -> bool:
@@ -48,6 +53,7 @@ def records(runs: Sequence[Run]) -> list[dict[str, Any]]:
             "f": s.get("f"),
             "final_acc_pct": _pct(s.get("final_accuracy")),
             "best_acc_pct": _pct(s.get("best_accuracy")),
+            "asr_pct": _pct(s.get("final_attack_success_rate")),
             "rounds": s.get("rounds"),
             "wall_s": s.get("wall_seconds"),
             "mb_up": None if s.get("bytes_up") is None else s["bytes_up"] / 1e6,
@@ -59,14 +65,16 @@ def records(runs: Sequence[Run]) -> list[dict[str, Any]]:
 
 
 def summary_table(runs: Sequence[Run]) -> Table:
-    """A rich table: run, pipeline, attack (with f), final and best accuracy (%), rounds,
-    wall seconds, MB uploaded, and ε when any run has one. Killed runs are marked."""
+    """A rich table: run, pipeline, attack (with f), final and best accuracy (%), the final
+    attack success rate (%) when any run is under a backdoor, rounds, wall seconds, MB
+    uploaded, and ε when any run has one. Killed runs are marked."""
     eps = has_epsilon(runs)
     table = Table(title="fedsafe runs")
     table.add_column("run", no_wrap=True)
     table.add_column("pipeline")
     table.add_column("attack")
-    for name in ("final acc (%)", "best acc (%)", "rounds", "wall s", "MB up"):
+    asr = has_backdoor(runs)
+    for name in ("final acc (%)", "best acc (%)", *(("ASR (%)",) if asr else ()), "rounds", "wall s", "MB up"):
         table.add_column(name, justify="right")
     if eps:
         table.add_column("ε", justify="right")
@@ -81,6 +89,7 @@ def summary_table(runs: Sequence[Run]) -> Table:
             _attack(r["attack"], r["f"]),
             _fmt(r["final_acc_pct"], ".1f"),
             _fmt(r["best_acc_pct"], ".1f"),
+            *((_fmt(r["asr_pct"], ".1f"),) if asr else ()),
             _fmt(r["rounds"], "d"),
             _fmt(r["wall_s"], ".1f"),
             _fmt(r["mb_up"], ".2f"),

@@ -62,6 +62,13 @@ def _floor(x: float) -> int:
     return math.floor(x + 1e-9)
 
 
+def _median_value(values: Tensor) -> Tensor:
+    """The median of a 1-D tensor (even count: the mean of the two middle values)."""
+    s = torch.sort(values).values
+    h = s.numel() // 2
+    return s[h] if s.numel() % 2 else (s[h - 1] + s[h]) / 2
+
+
 def _clip_factors(norms: Tensor, tau: Tensor | float) -> Tensor:
     """``min(1, τ/‖x‖)``, written so that zero norms (and τ = 0) give 1, never NaN."""
     return torch.where(norms > tau, tau / norms, torch.ones_like(norms))
@@ -168,7 +175,7 @@ def centered_clipping(
     *,
     f: int,
     previous: Tensor | None = None,
-    tau: float = 100.0,
+    tau: float | None = None,
     iters: int = 1,
 ) -> Tensor:
     """Centered clipping (Karimireddy, He, Jaggi 2021, "Learning from history"): from
@@ -176,17 +183,22 @@ def centered_clipping(
     ``v ← v + (1/n) Σ_i (x_i − v) · min(1, τ / ‖x_i − v‖)``.
 
     ``iters = 1``: the paper finds one step enough when ``v`` starts at the previous aggregate
-    of momentum updates. ``tau`` is in the updates' norm units and should be tuned to them; the
-    default 100 only suits large, un-normalised updates. Requires ``n > 2f``; the paper's
-    guarantee needs a small Byzantine fraction (``f/n ≲ 0.1``), which is not enforced.
+    of momentum updates. ``tau`` is in the updates' norm units. The paper tunes it by hand
+    (and ByzFL defaults to 100, which on normalised models never clips: the rule is then the
+    mean). fedsafe's default, ``tau = None``, is adaptive: each iteration τ is the median of the
+    distances ``‖x_i − v‖`` (even n: the mean of the two middle ones), the radius
+    ClippedClustering (Li et al. 2023) clips by, so the farther half of the updates — with
+    ``n > 2f`` every Byzantine update that lies beyond the honest median — is pulled in to it
+    whatever the updates' scale. Requires ``n > 2f``; the paper's guarantee needs a small
+    Byzantine fraction (``f/n ≲ 0.1``), which is not enforced.
 
     Each iteration is two passes over the updates and no (n, d) intermediate: the norms
     ``‖x_i − v‖`` (``rowwise.row_sq_norms``, float64) and the step
     (``rowwise.centred_weighted_sum``: differences and sum in float64, rounded once)."""
     n = _check_matrix(updates, "centered_clipping")
     _require("centered_clipping", n, f, 2 * f < n, "n > 2f")
-    if not tau > 0:
-        raise ValueError(f"centered_clipping: tau must be > 0, got {tau}")
+    if tau is not None and not tau > 0:
+        raise ValueError(f"centered_clipping: tau must be > 0 (or None: the median distance), got {tau}")
     _int_param("centered_clipping", "iters", iters, 1)
     d = updates.shape[1]
     if previous is None:
@@ -200,7 +212,9 @@ def centered_clipping(
     for it in range(iters):
         # the first round starts at 0: plain norms, no read of a zero vector
         centre = None if previous is None and it == 0 else v
-        c = _clip_factors(row_sq_norms(updates, centre).sqrt(), tau)
+        dist = row_sq_norms(updates, centre).sqrt()
+        radius = _median_value(dist) if tau is None else tau
+        c = _clip_factors(dist, radius)
         v = centred_weighted_sum(updates, c / n, v)
     return v
 

@@ -51,9 +51,13 @@ class AttackContext:
     honest_ids: tuple[int, ...] | None = None
 
 
+#: Attacks whose Byzantine clients train on backdoored data (fedsafe.robust.backdoor).
+BACKDOOR_ATTACKS: frozenset[str] = frozenset({"pattern_backdoor", "model_replacement", "constrain_and_scale"})
+
+
 def needs_own_updates(name: str) -> bool:
     """Whether attack ``name`` needs the Byzantine clients' own (possibly poisoned) updates."""
-    return name in LABEL_TRANSFORMS
+    return name in LABEL_TRANSFORMS or name in BACKDOOR_ATTACKS
 
 
 # --------------------------------------------------------------------------------------------
@@ -211,6 +215,84 @@ def label_flip(honest: Tensor, *, ctx: AttackContext) -> Tensor:
 
 
 LABEL_TRANSFORMS["label_flip"] = lambda y, num_classes: (num_classes - 1) - y
+
+
+# --------------------------------------------------------------------------------------------
+# targeted backdoors (the trigger, the poisoned batches and the attack success rate are in
+# fedsafe.robust.backdoor; target, size and fraction describe the poison the engine applies)
+
+
+def _backdoor_updates(honest: Tensor, ctx: AttackContext, name: str, fraction: float) -> Tensor:
+    if not 0 < fraction <= 1:
+        raise ValueError(f"attack {name!r}: fraction must lie in (0, 1], got {fraction}")
+    return _own_updates(honest, ctx, name)
+
+
+@ATTACKS.register("pattern_backdoor")
+def pattern_backdoor(
+    honest: Tensor, *, ctx: AttackContext, target: int = 0, size: int = 3, fraction: float = 0.5, boost: float = 1.0
+) -> Tensor:
+    """Pixel-pattern backdoor (Gu et al. 2017, BadNets): Byzantine clients train on batches
+    whose first ``⌈fraction·B⌉`` samples carry a ``size × size`` checkerboard trigger and the
+    label ``target`` (fedsafe.robust.backdoor), and send those updates times ``boost``.
+
+    The naive backdoor of Bagdasaryan et al. 2020: with ``boost = 1`` the poisoned updates are
+    averaged away unless many clients send them; see ``model_replacement`` for the boosted one."""
+    if not boost > 0:
+        raise ValueError(f"attack 'pattern_backdoor': boost must be > 0, got {boost}")
+    return _backdoor_updates(honest, ctx, "pattern_backdoor", fraction) * float(boost)
+
+
+def _replacement_gamma(ctx: AttackContext, boost: float | None, name: str) -> float:
+    if boost is None:
+        return ctx.n / max(ctx.f, 1)
+    if not boost > 0:
+        raise ValueError(f"attack {name!r}: boost must be > 0, got {boost}")
+    return float(boost)
+
+
+@ATTACKS.register("model_replacement")
+def model_replacement(
+    honest: Tensor, *, ctx: AttackContext, target: int = 0, size: int = 3, fraction: float = 0.5,
+    boost: float | None = None,
+) -> Tensor:
+    """Model replacement (Bagdasaryan, Veit, Hua, Estrin, Shmatikov, AISTATS 2020): the
+    backdoored update (trained as ``pattern_backdoor``) boosted by ``γ = boost``.
+
+    The paper submits ``X = γ(L − G) + G`` with ``γ = n/η`` so that averaging n models with
+    server rate η replaces the global model by the backdoored one. In fedsafe's update space the
+    server averages n updates, so the f Byzantine updates times ``γ = n/f`` (the default) make
+    the mean what it would be if every client sent the backdoored update: the same replacement,
+    shared among the f attackers. The rule and the server learning rate then act on it as on
+    any update."""
+    gamma = _replacement_gamma(ctx, boost, "model_replacement")
+    return _backdoor_updates(honest, ctx, "model_replacement", fraction) * gamma
+
+
+@ATTACKS.register("constrain_and_scale")
+def constrain_and_scale(
+    honest: Tensor, *, ctx: AttackContext, target: int = 0, size: int = 3, fraction: float = 0.5,
+    boost: float | None = None, quantile: float = 0.5,
+) -> Tensor:
+    """Constrain-and-scale (Bagdasaryan et al. 2020 §4.2): model replacement (``γ`` as there,
+    default n/f) whose updates are then constrained to look normal to the server: each one is
+    scaled down to at most the ``quantile`` (default: the median) of the honest updates' L2
+    norms, so norm filters and clipping at a typical norm do not single it out.
+
+    The paper constrains by adding an anomaly-detection term to the attacker's training loss;
+    fedsafe's attackers train with the ordinary loss and enforce the constraint by projection
+    onto the norm ball (what the paper's norm-bound variant, "scale and clip", does), a choice
+    that needs no knowledge of the server's detector."""
+    if not 0 <= quantile <= 1:
+        raise ValueError(f"attack 'constrain_and_scale': quantile must lie in [0, 1], got {quantile}")
+    gamma = _replacement_gamma(ctx, boost, "constrain_and_scale")
+    byz = _backdoor_updates(honest, ctx, "constrain_and_scale", fraction) * gamma
+    if byz.shape[0] == 0 or honest.shape[0] == 0:
+        return byz
+    bound = torch.quantile(torch.linalg.vector_norm(honest.to(torch.float64), dim=1), quantile)
+    norms = torch.linalg.vector_norm(byz.to(torch.float64), dim=1)
+    scale = torch.where(norms > bound, bound / norms, torch.ones_like(norms))
+    return (byz.to(torch.float64) * scale[:, None]).to(byz.dtype)
 
 
 # --------------------------------------------------------------------------------------------

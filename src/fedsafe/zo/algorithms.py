@@ -28,8 +28,8 @@ class ZOFedSGD(ClientAlgorithm):
     """BAFFLE FedSGD: K loss differences at shared perturbations"""
 
     def run(self, work: Any, round_: int, params: Tensor, ids: np.ndarray, momentum: Tensor | None,
-            label_transform: Any) -> LocalResult:
-        x, y = work.batch(round_, 0, ids, label_transform)
+            poison: Any) -> LocalResult:
+        x, y = work.batch(round_, 0, ids, poison)
         msgs, losses = client_messages(work.loss_fn(), params, x, y, work.zo_settings, work.seed, round_)
         return LocalResult(msgs, losses, None)
 
@@ -52,10 +52,10 @@ class ZOFedAvg(ClientAlgorithm):
     """BAFFLE FedAvg: local zeroth-order SGD steps"""
 
     def run(self, work: Any, round_: int, params: Tensor, ids: np.ndarray, momentum: Tensor | None,
-            label_transform: Any) -> LocalResult:
+            poison: Any) -> LocalResult:
         cfg, zo = work.cfg, work.zo
         res = zo_local_steps_many(
-            work.loss_fn(), params, lambda s, active: work.batch(round_, s, ids[active], label_transform),
+            work.loss_fn(), params, lambda s, active: work.batch(round_, s, ids[active], poison),
             clients=ids, steps=work.steps[ids], lr=cfg.lr, k=zo.k, sigma=zo.sigma,
             seed=work.seed, round=round_, scheme=zo.scheme, chunk=zo.chunk,
             weight_decay=cfg.weight_decay, clip=zo.clip_inf,

@@ -17,7 +17,7 @@ class InherentClients(ClientAlgorithm):
     """FedSGD releasing a Table 1 row (Zhang et al.)"""
 
     def run(self, work: Any, round_: int, params: Tensor, ids: np.ndarray, momentum: Tensor | None,
-            label_transform: Any) -> LocalResult:
+            poison: Any) -> LocalResult:
         if work.inherent is None:
             raise ValueError("clients.algorithm = 'inherent' needs the inherent plugin's sigma^2 ([inherent])")
         icfg, sigma2 = work.inherent
