@@ -52,7 +52,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from fedsafe.config import ExperimentConfig, apply_overrides, read_toml, validate, variant_config

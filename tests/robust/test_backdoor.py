@@ -10,8 +10,19 @@ import pytest
 import torch
 
 from fedsafe.core.errors import ConfigError
-from fedsafe.robust.attacks import ATTACKS, BACKDOOR_ATTACKS, LABEL_TRANSFORMS, AttackContext
-from fedsafe.robust.backdoor import Poison, attack_success_rate, backdoor_settings, make_poison, make_trigger
+from fedsafe.robust.attacks import (
+    ATTACKS,
+    BACKDOOR_ATTACKS,
+    LABEL_TRANSFORMS,
+    AttackContext,
+)
+from fedsafe.robust.backdoor import (
+    Poison,
+    attack_success_rate,
+    backdoor_settings,
+    make_poison,
+    make_trigger,
+)
 
 
 def _naive_trigger_images(x: torch.Tensor, size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -184,11 +195,9 @@ def test_backdoor_parameters_are_checked_at_set_up():
 
 
 def test_report_table_and_sweep_carry_the_success_rate(tmp_path):
-    from fedsafe import sweep
+    from fedsafe import Experiment, sweep
     from fedsafe.report import find_runs, summary_table
     from fedsafe.report.heatmap import figure_sweep
-
-    from fedsafe import Experiment
 
     Experiment(RAW, rounds=2, attack={"name": "pattern_backdoor", "f": 2}).run(tmp_path / "run")
     table = summary_table(find_runs([tmp_path / "run"]))

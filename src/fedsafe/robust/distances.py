@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from fedsafe.robust.rows import require as _require
-from fedsafe.robust.rowwise import gram_block, gram_float64, use_gram_kernel
+from fedsafe.robust.rowwise import gram_float64, use_gram_kernel
 
 # One converted or centred block of columns (n rows x B columns) is about this many bytes; it
 # bounds the extra memory whatever n and d are. Each block costs two parallel regions (the

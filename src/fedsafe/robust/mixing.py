@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedsafe.robust.selection import njit, run_columns
+from fedsafe.robust.selection import kernel_eligible, njit, run_columns
 
 # Below this many elements (n·d) the dense product is as fast.
 _MIN_KERNEL_SIZE = 1 << 16
@@ -123,14 +123,7 @@ def _plan(excluded: np.ndarray, dtype=np.float64) -> tuple:
 
 def kernel_applies(updates: Tensor) -> bool:
     """Whether :func:`mix` can use the kernel for these updates (given an NNM matrix)."""
-    n, d = updates.shape
-    return (
-        njit is not None
-        and updates.dtype in (torch.float32, torch.float64)
-        and updates.device.type == "cpu"
-        and not updates.requires_grad
-        and n * d >= _MIN_KERNEL_SIZE
-    )
+    return kernel_eligible(updates, _MIN_KERNEL_SIZE)
 
 
 def mix(updates: Tensor, weights: Tensor, out: np.ndarray | None = None) -> Tensor:

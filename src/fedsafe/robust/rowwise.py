@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedsafe.robust.selection import njit, run_chunks, split_range
+from fedsafe.robust.selection import kernel_eligible, njit, run_chunks, split_range
 
 # Below this many elements (n·d) torch is as fast and needs no numba call.
 _MIN_KERNEL_SIZE = 1 << 16
@@ -55,14 +55,7 @@ _SUM_BLOCK = 1024
 
 
 def _use_kernel(updates: Tensor) -> bool:
-    n, d = updates.shape
-    return (
-        njit is not None
-        and updates.dtype in (torch.float32, torch.float64)
-        and updates.device.type == "cpu"
-        and not updates.requires_grad
-        and n * d >= _MIN_KERNEL_SIZE
-    )
+    return kernel_eligible(updates, _MIN_KERNEL_SIZE)
 
 
 def _as_numpy(t: Tensor) -> np.ndarray:

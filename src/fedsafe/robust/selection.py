@@ -420,16 +420,22 @@ if njit is not None:
                     dst[i] = acc[i] / k
 
 
-def _use_kernel(updates: Tensor) -> bool:
+def kernel_eligible(updates: Tensor, min_size: int) -> bool:
+    """Whether a numba kernel of this package can take ``updates``: numba is there, a float32
+    or float64 CPU matrix that does not require grad, with at least ``min_size`` entries
+    (below that torch is as fast). Otherwise the callers use their torch fallback."""
     n, d = updates.shape
     return (
         njit is not None
         and updates.dtype in (torch.float32, torch.float64)
         and updates.device.type == "cpu"
         and not updates.requires_grad
-        and 2 <= n <= _MAX_NETWORK_N
-        and n * d >= _MIN_KERNEL_SIZE
+        and n * d >= min_size
     )
+
+
+def _use_kernel(updates: Tensor) -> bool:
+    return kernel_eligible(updates, _MIN_KERNEL_SIZE) and 2 <= updates.shape[0] <= _MAX_NETWORK_N
 
 
 def run_chunks(work, chunks: int, threads: int) -> None:
