@@ -86,6 +86,8 @@ EXPECTED = {
     "pattern_backdoor": {"target": 0, "size": 3, "fraction": 0.5, "boost": 1.0},
     "model_replacement": {"target": 0, "size": 3, "fraction": 0.5, "boost": None},
     "constrain_and_scale": {"target": 0, "size": 3, "fraction": 0.5, "boost": None, "quantile": 0.5},
+    "fang_trimmed_mean": {"b": 2.0},
+    "fang_krum": {"threshold": 1e-5, "eps": 0.0},
 }
 
 

@@ -358,6 +358,91 @@ def alie(honest: Tensor, *, ctx: AttackContext, z: float | None = None) -> Tenso
 
 
 # --------------------------------------------------------------------------------------------
+# local model poisoning against Krum and trimmed mean (Fang, Cao, Jia, Gong, USENIX Security 2020)
+#
+# Full-knowledge attacks, written in fedsafe's update space: the server steps against the
+# aggregate, so the honest clients push parameter j along -sign(mu_j) (mu the honest mean) and
+# Fang's "direction of change under no attack" s_j is -sign(mu_j). Both attacks push the other
+# way: they make the aggregate's coordinates take the sign opposite to mu's.
+
+
+def _fang_direction(honest: Tensor) -> Tensor:
+    """sign(mu_j) of the honest mean (0 where mu_j = 0), float64."""
+    return torch.sign(honest.to(torch.float64).mean(dim=0))
+
+
+@ATTACKS.register("fang_trimmed_mean")
+def fang_trimmed_mean(honest: Tensor, *, ctx: AttackContext, b: float = 2.0) -> Tensor:
+    """Fang et al.'s attack on trimmed mean and median (USENIX Security 2020, full knowledge):
+    per coordinate, values beyond the honest extreme on the side opposite to the honest mean.
+
+    With ``w_max_j`` / ``w_min_j`` the largest / smallest honest value of coordinate j and
+    ``mu_j`` the honest mean: where ``mu_j > 0`` each Byzantine value is drawn uniformly from
+    ``[w_min_j / b, w_min_j]`` if ``w_min_j > 0``, else from ``[b · w_min_j, w_min_j]`` (below
+    every honest value, at most a factor b further); where ``mu_j < 0``, symmetrically from
+    ``[w_max_j, b · w_max_j]`` if ``w_max_j > 0``, else ``[w_max_j, w_max_j / b]``; where
+    ``mu_j = 0``, the honest mean. Draws come from ``ctx.generator``. Requires ``b > 1``."""
+    _check(honest, ctx, "fang_trimmed_mean")
+    if ctx.f == 0:
+        return _empty(honest)
+    if not b > 1:
+        raise ValueError(f"attack 'fang_trimmed_mean': b must be > 1, got {b}")
+    x = honest.to(torch.float64)
+    lo, hi = x.amin(dim=0), x.amax(dim=0)
+    direction = _fang_direction(honest)
+    # the interval [a, c] on the attacked side of each coordinate
+    down_a = torch.where(lo > 0, lo / b, b * lo)  # mu > 0: push below the smallest value
+    up_c = torch.where(hi > 0, b * hi, hi / b)  # mu < 0: push above the largest value
+    a = torch.where(direction > 0, down_a, hi)
+    c = torch.where(direction > 0, lo, up_c)
+    u = torch.rand((ctx.f, x.shape[1]), generator=ctx.generator, dtype=torch.float64)
+    out = a + u * (c - a)
+    out = torch.where(direction == 0, x.mean(dim=0), out)
+    return out.to(_dtype(honest))
+
+
+@ATTACKS.register("fang_krum")
+def fang_krum(
+    honest: Tensor, *, ctx: AttackContext, threshold: float = 1e-5, eps: float = 0.0
+) -> Tensor:
+    """Fang et al.'s attack on Krum (USENIX Security 2020, full knowledge): the crafted update
+    ``u = -λ · sign(mu)`` (mu the honest mean) with the largest λ for which the server's
+    pipeline selects it, and the other f−1 Byzantine updates within ``eps`` of u.
+
+    λ starts at Fang's upper bound, in update space (the previous global model is the zero
+    update): ``λ₀ = min_i Σ_{l ∈ N_i} ‖x_l − x_i‖ / ((n − 2f − 1)√d) + max_i ‖x_i‖ / √d`` with
+    N_i the n − f − 2 honest updates nearest x_i, and is halved until ``ctx.aggregate`` of the
+    round's updates returns u (the pipeline selected it) or λ falls below ``threshold``; the
+    last λ tried is sent. The f−1 companions are u plus ``eps``-scaled uniform noise in
+    [−1, 1]^d (from ``ctx.generator``); ``eps = 0`` sends copies, which Krum scores best."""
+    _check(honest, ctx, "fang_krum")
+    if ctx.f == 0:
+        return _empty(honest)
+    if not threshold > 0:
+        raise ValueError(f"attack 'fang_krum': threshold must be > 0, got {threshold}")
+    if not eps >= 0:
+        raise ValueError(f"attack 'fang_krum': eps must be >= 0, got {eps}")
+    x = honest.to(torch.float64)
+    m, d = x.shape
+    n, f = ctx.n, ctx.f
+    dist = torch.cdist(x, x)
+    k = max(1, min(m - 1, n - f - 2))
+    nearest = torch.sort(dist + torch.diag(torch.full((m,), math.inf, dtype=x.dtype)), dim=1).values[:, :k]
+    nearest = torch.where(torch.isfinite(nearest), nearest, torch.zeros_like(nearest))
+    lam = float(nearest.sum(dim=1).min()) / (max(1, n - 2 * f - 1) * math.sqrt(d))
+    lam += float(torch.linalg.vector_norm(x, dim=1).max()) / math.sqrt(d)
+    direction = -_fang_direction(honest)
+    noise = eps * (2 * torch.rand((f - 1, d), generator=ctx.generator, dtype=torch.float64) - 1)
+    while True:
+        crafted = lam * direction
+        byz = torch.cat([crafted[None], crafted[None] + noise]).to(_dtype(honest))
+        chosen = ctx.aggregate(torch.cat([honest, byz]))
+        if torch.allclose(chosen.to(torch.float64), byz[0].to(torch.float64)) or lam / 2 < threshold:
+            return byz
+        lam /= 2
+
+
+# --------------------------------------------------------------------------------------------
 # adaptive (per-round optimised) attacks
 
 
