@@ -128,7 +128,8 @@ def samples_ms(fn: Callable[[], object], repeats: int) -> list[float]:
 
 def call_kwargs(registry, name: str, f: int, seed: int) -> tuple[dict, Callable[[], dict]]:
     """(user params, factory of the full kwargs) for one registry entry. Reserved keywords:
-    f; previous=None (first round); generator = a fresh seeded torch.Generator per call."""
+    f; previous=None (first round); generator = a fresh seeded torch.Generator per call
+    (server_update, FLTrust's, is bound by :func:`with_server_update`)."""
     entry = registry.entry(name)
     sig = inspect.signature(entry.impl)
     params = {}
@@ -150,6 +151,15 @@ def call_kwargs(registry, name: str, f: int, seed: int) -> tuple[dict, Callable[
         return kw
 
     return params, make
+
+
+def with_server_update(registry, name: str, impl: Callable) -> Callable:
+    """``impl`` with ``server_update`` (a rule's reserved view of the server's own update, as
+    FLTrust takes it) bound to the first row of the updates: a stand-in update of the same
+    kind, computed by no one, so the timing is the rule's alone."""
+    if "server_update" not in registry.reserved or "server_update" not in inspect.signature(impl).parameters:
+        return impl
+    return lambda updates, **kw: impl(updates, server_update=updates[0], **kw)
 
 
 def pick_f(impl: Callable, make_kwargs: Callable[[int], dict], x_small: Tensor, f0: int) -> int:
@@ -277,7 +287,7 @@ def main(args: argparse.Namespace) -> int:
                 continue
             row: dict = {"name": name, "kind": kind, "target_ratio": TARGETS.get(name)}
             rows.append(row)
-            impl = registry.entry(name).impl
+            impl = with_server_update(registry, name, registry.entry(name).impl)
             try:
                 params, _ = call_kwargs(registry, name, 0, args.seed)
                 row["params"] = params

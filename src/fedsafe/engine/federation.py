@@ -111,6 +111,18 @@ class Federation:
             cfg.rule_f,
             seed,
         )
+        self.root = None  # the server's own update on a root dataset, for rules that take it (FLTrust)
+        if self.pipeline.uses_server_update:
+            from fedsafe.engine.root import RootUpdate
+            from fedsafe.robust.aggregators import AGGREGATORS
+
+            default = AGGREGATORS.entry(cfg.robust.rule).params["root_size"].default
+            try:
+                self.root = RootUpdate(
+                    cfg.clients, self.backend, self.data, seed, cfg.robust.params.get("root_size", default), zo=cfg.zo
+                )
+            except ValueError as e:
+                raise ConfigError([str(e)]) from None
         self.protocol = make_protocol(cfg)
         try:
             self.protocol.check(self.pipeline)
@@ -182,10 +194,13 @@ class Federation:
         n = {"all": c.num_clients, "fixed": c.sample_size}.get(c.sampling)
         if n is None:
             return
+        self.pipeline.server_update = torch.zeros(2) if self.pipeline.uses_server_update else None
         try:
             self.pipeline.apply(torch.zeros(n, 2), 0)
         except ValueError as e:
             raise ConfigError([f"robust: {e} (with {n} participants per round)"]) from None
+        finally:
+            self.pipeline.server_update = None  # each round sets its own
 
     def _preflight_protocol(self, dim: int) -> None:
         """The protocol's config-time check for rounds of the configured size with messages of
@@ -245,6 +260,11 @@ class Federation:
         try:
             if self.ema is not None:
                 self.ema.load_state_dict(state.extra["_ema"])
+            if self.root is not None:
+                momentum = state.extra.get("_root", {}).get("momentum")
+                if momentum is not None and tuple(momentum.shape) != (1, d):
+                    raise ValueError(f"the root dataset's momentum has shape {tuple(momentum.shape)}, expected (1, {d})")
+                self.root.load_state_dict({"momentum": momentum})
             for p in self.plugins:
                 p.load_state_dict(state.extra.get(p.name, {}))
         except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as e:
@@ -352,6 +372,8 @@ class Federation:
             st.extra = {p.name: p.state_dict() for p in self.plugins}
             if self.ema is not None:
                 st.extra["_ema"] = self.ema.state_dict()
+            if self.root is not None:
+                st.extra["_root"] = self.root.state_dict()
             save_checkpoint(st, self.out_dir)
         return row
 
@@ -361,6 +383,8 @@ class Federation:
         res = self.work.run(t, st.params, honest, self._momentum(honest))
         row["client_work_seconds"] = time.perf_counter() - t_work
         self._set_momentum(honest, res.momentum)
+        if self.root is not None:  # before any aggregation, the attackers' included
+            self.pipeline.server_update = self.root.update(t, st.params)
         updates, losses = res.updates, res.losses
         if res.survivors is not None:
             row["dropouts"] = int((~res.survivors).sum())

@@ -46,7 +46,7 @@ from fedsafe.robust.selection import (
 from fedsafe.robust.split import TAG as SPLIT
 from fedsafe.robust.split import DistanceSplit
 
-AGGREGATORS: Registry = Registry("aggregation rule", reserved=("f", "previous"))
+AGGREGATORS: Registry = Registry("aggregation rule", reserved=("f", "previous", "server_update"))
 
 
 
@@ -406,3 +406,6 @@ AGGREGATORS.register("norm_filter", tags=(SPLIT,), split=DistanceSplit("gram", n
 AGGREGATORS.register("cosine_filter", tags=(SPLIT,), split=DistanceSplit("gram", cosine_filter_select, _average))(
     cosine_filter
 )
+
+# Rules defined in their own modules register themselves into AGGREGATORS when imported here.
+from fedsafe.robust import fltrust as _fltrust  # noqa: E402,F401  (registers fltrust)

@@ -16,7 +16,8 @@ class RobustPipeline:
     """``rule(pre_k(...pre_1(updates)))`` with the configured parameters.
 
     The only state is the previous round's aggregate, handed explicitly to rules that take it
-    (centered clipping) and saved in checkpoints. Randomised pre-aggregators (bucketing) draw
+    (centered clipping) and saved in checkpoints. Rules that take ``server_update`` (FLTrust)
+    get :attr:`server_update`, which the engine sets every round before anything aggregates. Randomised pre-aggregators (bucketing) draw
     from the stream ``("robust.pre", round, position)``.
     """
 
@@ -31,7 +32,10 @@ class RobustPipeline:
         self.rule_name = rule
         self.rule_params = dict(rule_params)  # as configured: protocols that run the rule themselves read them
         self.rule = AGGREGATORS.get(rule, rule_params)
-        self.uses_previous = "previous" in _reserved_params(AGGREGATORS, rule)
+        reserved = _reserved_params(AGGREGATORS, rule)
+        self.uses_previous = "previous" in reserved
+        self.uses_server_update = "server_update" in reserved
+        self.server_update: Tensor | None = None
         self.pre = [
             (name, PREAGGREGATORS.get(name, params), "generator" in _reserved_params(PREAGGREGATORS, name))
             for name, params in pre
@@ -47,6 +51,8 @@ class RobustPipeline:
             kw = {"generator": torch_stream(self.seed, "robust.pre", round_, pos)} if randomised else {}
             x = fn(x, f=self.f, **kw)
         kw = {"previous": self.previous} if self.uses_previous else {}
+        if self.uses_server_update:
+            kw["server_update"] = self.server_update
         return self.rule(x, f=self.f, **kw)
 
     def __call__(self, updates: Tensor, round_: int) -> Tensor:

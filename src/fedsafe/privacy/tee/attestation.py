@@ -66,6 +66,7 @@ ENCLAVE_MODULES: tuple[str, ...] = (
     "fedsafe.robust.rows",
     "fedsafe.robust.rowwise",
     "fedsafe.robust.aggregators",
+    "fedsafe.robust.fltrust",
     "fedsafe.robust.selection",
     "fedsafe.robust.split",
     "fedsafe.core.registry",  # decides which selection a rule name runs
