@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,he,ray,docs,pandas,tensorboard,hf]'
+	$(BIN)/python -m pip install --quiet -e '.[test,he,ray,docs,pandas,tensorboard,hf,robust]'
 	touch $(STAMP)
 
 run: $(STAMP)

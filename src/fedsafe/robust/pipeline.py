@@ -17,7 +17,8 @@ class RobustPipeline:
 
     The only state is the previous round's aggregate, handed explicitly to rules that take it
     (centered clipping) and saved in checkpoints. Rules that take ``server_update`` (FLTrust)
-    get :attr:`server_update`, which the engine sets every round before anything aggregates. Randomised pre-aggregators (bucketing) draw
+    get :attr:`server_update`, which the engine sets every round before anything aggregates;
+    randomised rules (FLAME) draw from the stream ``("robust.rule", round)``. Randomised pre-aggregators (bucketing) draw
     from the stream ``("robust.pre", round, position)``.
     """
 
@@ -35,6 +36,7 @@ class RobustPipeline:
         reserved = _reserved_params(AGGREGATORS, rule)
         self.uses_previous = "previous" in reserved
         self.uses_server_update = "server_update" in reserved
+        self.rule_randomised = "generator" in reserved
         self.server_update: Tensor | None = None
         self.pre = [
             (name, PREAGGREGATORS.get(name, params), "generator" in _reserved_params(PREAGGREGATORS, name))
@@ -53,6 +55,8 @@ class RobustPipeline:
         kw = {"previous": self.previous} if self.uses_previous else {}
         if self.uses_server_update:
             kw["server_update"] = self.server_update
+        if self.rule_randomised:  # randomised rules (FLAME's noise) draw from the round's stream
+            kw["generator"] = torch_stream(self.seed, "robust.rule", round_)
         return self.rule(x, f=self.f, **kw)
 
     def __call__(self, updates: Tensor, round_: int) -> Tensor:

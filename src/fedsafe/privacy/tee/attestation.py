@@ -66,6 +66,8 @@ ENCLAVE_MODULES: tuple[str, ...] = (
     "fedsafe.robust.rows",
     "fedsafe.robust.rowwise",
     "fedsafe.robust.aggregators",
+    "fedsafe.robust.defences",
+    "fedsafe.robust.flame",
     "fedsafe.robust.fltrust",
     "fedsafe.robust.selection",
     "fedsafe.robust.split",
