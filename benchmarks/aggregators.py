@@ -129,7 +129,7 @@ def samples_ms(fn: Callable[[], object], repeats: int) -> list[float]:
 def call_kwargs(registry, name: str, f: int, seed: int) -> tuple[dict, Callable[[], dict]]:
     """(user params, factory of the full kwargs) for one registry entry. Reserved keywords:
     f; previous=None (first round); generator = a fresh seeded torch.Generator per call
-    (server_update, FLTrust's, is bound by :func:`with_server_update`)."""
+    (the inputs FLTrust and FoolsGold take are bound by :func:`with_round_inputs`)."""
     entry = registry.entry(name)
     sig = inspect.signature(entry.impl)
     params = {}
@@ -153,13 +153,22 @@ def call_kwargs(registry, name: str, f: int, seed: int) -> tuple[dict, Callable[
     return params, make
 
 
-def with_server_update(registry, name: str, impl: Callable) -> Callable:
-    """``impl`` with ``server_update`` (a rule's reserved view of the server's own update, as
-    FLTrust takes it) bound to the first row of the updates: a stand-in update of the same
-    kind, computed by no one, so the timing is the rule's alone."""
-    if "server_update" not in registry.reserved or "server_update" not in inspect.signature(impl).parameters:
-        return impl
-    return lambda updates, **kw: impl(updates, server_update=updates[0], **kw)
+def with_round_inputs(registry, name: str, impl: Callable) -> Callable:
+    """``impl`` with the reserved inputs a round supplies bound to stand-ins: ``server_update``
+    (FLTrust's view of the server's own update) to the first row of the updates, an update of
+    the same kind computed by no one; ``client_ids`` and ``history`` (FoolsGold) to rows
+    0..n-1 and no history (the first round). The timing is then the rule's alone."""
+    wanted = set(inspect.signature(impl).parameters) & set(registry.reserved)
+
+    def call(updates, **kw):
+        if "server_update" in wanted:
+            kw["server_update"] = updates[0]
+        if "client_ids" in wanted:
+            kw["client_ids"] = tuple(range(updates.shape[0]))
+            kw["history"] = {}
+        return impl(updates, **kw)
+
+    return call if wanted & {"server_update", "client_ids"} else impl
 
 
 def pick_f(impl: Callable, make_kwargs: Callable[[int], dict], x_small: Tensor, f0: int) -> int:
@@ -287,7 +296,7 @@ def main(args: argparse.Namespace) -> int:
                 continue
             row: dict = {"name": name, "kind": kind, "target_ratio": TARGETS.get(name)}
             rows.append(row)
-            impl = with_server_update(registry, name, registry.entry(name).impl)
+            impl = with_round_inputs(registry, name, registry.entry(name).impl)
             try:
                 params, _ = call_kwargs(registry, name, 0, args.seed)
                 row["params"] = params

@@ -245,7 +245,7 @@ def test_poisson_skips_only_rule_requirements_and_protocol_errors(monkeypatch):
     fed = Federation(small(rounds=3, **poisson))
     calls = []
 
-    def too_small(updates, round_):
+    def too_small(updates, round_, ids=None):
         calls.append(round_)
         raise RequirementError("krum requires n >= 2f + 3, got n=2, f=0")
 
@@ -255,7 +255,7 @@ def test_poisson_skips_only_rule_requirements_and_protocol_errors(monkeypatch):
 
     fed = Federation(small(rounds=3, **poisson))
 
-    def bug(updates, round_):
+    def bug(updates, round_, ids=None):
         raise ValueError("operands could not be broadcast together")
 
     monkeypatch.setattr(fed.pipeline, "apply", bug)

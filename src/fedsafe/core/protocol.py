@@ -76,7 +76,8 @@ class PlainProtocol:
         kept = updates[ok] if excluded else updates
         if kept.shape[0] == 0:
             raise ProtocolError(f"round {ctx.round}: every update was non-finite")
-        vector = pipeline(kept, ctx.round)
+        ids = [c for c, keep in zip(client_ids(messages), ok.tolist()) if keep]
+        vector = pipeline(kept, ctx.round, ids)
         return Aggregate(
             vector=vector,
             count=int(kept.shape[0]),
@@ -86,7 +87,7 @@ class PlainProtocol:
             },
             seen={"server": "individual updates"},
             metrics={"excluded_nonfinite": float(excluded)},
-            included=tuple(c for c, keep in zip(client_ids(messages), ok.tolist()) if keep),
+            included=tuple(ids),
         )
 
 

@@ -104,13 +104,16 @@ class Federation:
             self.backend = make_backend(cfg.execution, self.model, self.layout, loss)
             self.work = ClientWork(cfg.clients, self.backend, self.data, seed, zo=cfg.zo)
 
-        self.pipeline = RobustPipeline(
-            cfg.robust.rule,
-            cfg.robust.params,
-            [(p.name, p.params) for p in cfg.robust.pre],
-            cfg.rule_f,
-            seed,
-        )
+        try:
+            self.pipeline = RobustPipeline(
+                cfg.robust.rule,
+                cfg.robust.params,
+                [(p.name, p.params) for p in cfg.robust.pre],
+                cfg.rule_f,
+                seed,
+            )
+        except ValueError as e:
+            raise ConfigError([f"robust: {e}"]) from None
         self.root = None  # the server's own update on a root dataset, for rules that take it (FLTrust)
         if self.pipeline.uses_server_update:
             from fedsafe.engine.root import RootUpdate
@@ -156,6 +159,7 @@ class Federation:
         dim = self.work.message_dim(params.numel())
         for p in self.plugins:
             dim = p.message_dim(dim)
+        self.message_dim = dim
         self._preflight_protocol(dim)
         self.ema = None
         if cfg.server.ema is not None:
@@ -196,7 +200,7 @@ class Federation:
             return
         self.pipeline.server_update = torch.zeros(2) if self.pipeline.uses_server_update else None
         try:
-            self.pipeline.apply(torch.zeros(n, 2), 0)
+            self.pipeline.apply(torch.zeros(n, 2), 0, list(range(n)))
         except ValueError as e:
             raise ConfigError([f"robust: {e} (with {n} participants per round)"]) from None
         finally:
@@ -260,6 +264,12 @@ class Federation:
         try:
             if self.ema is not None:
                 self.ema.load_state_dict(state.extra["_ema"])
+            if self.pipeline.uses_history:
+                history = {int(k): v for k, v in state.extra.get("_history", {}).items()}
+                bad = [k for k, v in history.items() if not 0 <= k < self.cfg.clients.num_clients or tuple(v.shape) != (self.message_dim,)]
+                if bad:
+                    raise ValueError(f"client histories of clients {bad[:4]} do not fit this run")
+                self.pipeline.history = history
             if self.root is not None:
                 momentum = state.extra.get("_root", {}).get("momentum")
                 if momentum is not None and tuple(momentum.shape) != (1, d):
@@ -374,6 +384,8 @@ class Federation:
                 st.extra["_ema"] = self.ema.state_dict()
             if self.root is not None:
                 st.extra["_root"] = self.root.state_dict()
+            if self.pipeline.uses_history:
+                st.extra["_history"] = {str(k): v for k, v in self.pipeline.history.items()}
             save_checkpoint(st, self.out_dir)
         return row
 
@@ -448,6 +460,7 @@ class Federation:
         self, t: int, honest: Tensor, honest_ids: np.ndarray, byz: np.ndarray, n: int
     ) -> Tensor:
         own = None
+        ctx_ids = [*map(int, honest_ids), *map(int, byz)]  # the rows of what the attack aggregates
         if self.poison is not None:
             res = self.work.run(t, self.state.params, byz, self._momentum(byz), self.poison)
             self._set_momentum(byz, res.momentum)
@@ -457,7 +470,7 @@ class Federation:
             n=n,
             round=t,
             generator=torch_stream(self.cfg.seed, "attack", t),
-            aggregate=lambda u: self.pipeline.apply(u, t),
+            aggregate=lambda u: self.pipeline.apply(u, t, ctx_ids),
             state=self.state.attack_state,
             own_updates=own,
             honest_ids=tuple(map(int, honest_ids)),

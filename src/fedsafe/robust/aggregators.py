@@ -46,7 +46,7 @@ from fedsafe.robust.selection import (
 from fedsafe.robust.split import TAG as SPLIT
 from fedsafe.robust.split import DistanceSplit
 
-AGGREGATORS: Registry = Registry("aggregation rule", reserved=("f", "previous", "server_update", "generator"))
+AGGREGATORS: Registry = Registry("aggregation rule", reserved=("f", "previous", "server_update", "generator", "client_ids", "history"))
 
 
 
@@ -409,5 +409,6 @@ AGGREGATORS.register("cosine_filter", tags=(SPLIT,), split=DistanceSplit("gram",
 
 # Rules defined in their own modules register themselves into AGGREGATORS when imported here.
 from fedsafe.robust import flame as _flame  # noqa: E402,F401  (registers flame)
+from fedsafe.robust import foolsgold as _foolsgold  # noqa: E402,F401  (registers foolsgold)
 from fedsafe.robust import fltrust as _fltrust  # noqa: E402,F401  (registers fltrust)
 from fedsafe.robust import defences as _defences  # noqa: E402,F401  (registers mda, caf, smea, clipped_clustering)

@@ -68,6 +68,7 @@ ENCLAVE_MODULES: tuple[str, ...] = (
     "fedsafe.robust.aggregators",
     "fedsafe.robust.defences",
     "fedsafe.robust.flame",
+    "fedsafe.robust.foolsgold",
     "fedsafe.robust.fltrust",
     "fedsafe.robust.selection",
     "fedsafe.robust.split",

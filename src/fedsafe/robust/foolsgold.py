@@ -1,0 +1,92 @@
+"""FoolsGold (Fung, Yoon, Beschastnikh, RAID 2020, "The limitations of federated learning in
+sybil settings"): clients whose update histories point the same way are sybils; they lose
+weight."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from fedsafe.robust.aggregators import AGGREGATORS
+from fedsafe.robust.rows import check_matrix, require
+
+
+_IDENTICAL = 1e-12
+
+
+def foolsgold_weights(histories: Tensor, kappa: float = 1.0) -> Tensor:
+    """FoolsGold's learning rates α (n,) from the clients' histories (n, d), float64: Fung et
+    al. Algorithm 1 without the feature-importance weighting.
+
+    ``cs_ij = cos(H_i, H_j)`` (0 for a zero history, the diagonal excluded); ``v_i = max_j cs_ij``;
+    pardoning ``cs_ij ← cs_ij · v_i / v_j`` where ``v_j > v_i``; ``α_i = 1 − max_j cs_ij``
+    clipped to [0, 1], and 0 below 1e-12 (rounding of an identical direction); ``α ← α / max α`` (all zero stays zero); ``α_i = 0.99`` where it is 1;
+    ``α_i ← κ (ln(α_i / (1 − α_i)) + 0.5)`` clipped to [0, 1] (``α_i = 0`` gives 0)."""
+    h = histories.to(torch.float64)
+    n = h.shape[0]
+    if n == 1:
+        return torch.ones(1, dtype=torch.float64)
+    norms = torch.linalg.vector_norm(h, dim=1)
+    denom = norms[:, None] * norms[None, :]
+    cs = torch.where(denom > 0, (h @ h.T) / torch.where(denom > 0, denom, 1.0), torch.zeros_like(denom))
+    cs.fill_diagonal_(-math.inf)
+    v = cs.max(dim=1).values
+    pardon = v[None, :] > v[:, None]  # v_j > v_i: scale row i's entry j by v_i / v_j
+    cs = torch.where(pardon, cs * v[:, None] / torch.where(v[None, :] != 0, v[None, :], 1.0), cs)
+    alpha = (1 - cs.max(dim=1).values).clamp(0, 1)
+    # a cosine within 1e-12 of 1 is an identical direction computed with rounding: without this,
+    # n exact sybils (α ≈ 1e-16 each) would be normalised back up to full weight below
+    alpha = torch.where(alpha < _IDENTICAL, torch.zeros_like(alpha), alpha)
+    top = float(alpha.max())
+    if top == 0:
+        return torch.zeros(n, dtype=torch.float64)
+    alpha = alpha / top
+    alpha = torch.where(alpha == 1, torch.full_like(alpha, 0.99), alpha)
+    logit = torch.where(alpha > 0, torch.log(alpha / (1 - alpha)) + 0.5, torch.full_like(alpha, -math.inf))
+    return (kappa * logit).clamp(0, 1)
+
+
+@AGGREGATORS.register("foolsgold")
+def foolsgold(
+    updates: Tensor,
+    *,
+    f: int,
+    client_ids: Sequence[int] | None = None,
+    history: Mapping[int, Tensor] | None = None,
+    kappa: float = 1.0,
+) -> Tensor:
+    """FoolsGold: the updates weighted by how little each client's history of updates
+    resembles any other client's (sybils sending the same poison get weight 0).
+
+    Each row's history is its client's sum of past updates (``history``, kept by the pipeline
+    across rounds and checkpointed) plus this round's; :func:`foolsgold_weights` turns the
+    histories into weights α, and the aggregate is ``Σ_i α_i x_i / Σ_i α_i`` (the zero vector
+    when every α is 0). The paper applies ``Σ_i α_i x_i`` with the server's learning rate;
+    fedsafe divides by ``Σ α`` so that, with every α = 1, the rule is the mean and the server's
+    learning rate means what it means for the other rules. ``kappa`` is the paper's κ (1).
+    Rows must be clients' own updates (``client_ids``; refused after pre-aggregators). Works for
+    any n; f is not used: FoolsGold targets sybils, not a bounded number of attackers.
+    Cost: an n × n cosine matrix of the histories (float64) and one weighted sum."""
+    n = check_matrix(updates, "foolsgold")
+    require("foolsgold", n, f, True, "f >= 0")
+    if not kappa > 0:
+        raise ValueError(f"foolsgold: kappa must be > 0, got {kappa}")
+    if client_ids is None or len(client_ids) != n:
+        raise ValueError("foolsgold: needs the client id of every row (client_ids); the pipeline supplies them")
+    history = history or {}
+    d = updates.shape[1]
+    past = torch.zeros((n, d), dtype=torch.float64)
+    for i, cid in enumerate(client_ids):
+        h = history.get(int(cid))
+        if h is not None:
+            if h.shape != (d,):
+                raise ValueError(f"foolsgold: history of client {cid} has shape {tuple(h.shape)}, expected ({d},)")
+            past[i] = h
+    alpha = foolsgold_weights(past + updates.to(torch.float64), kappa)
+    total = float(alpha.sum())
+    if total == 0:
+        return torch.zeros(d, dtype=updates.dtype, device=updates.device)
+    return ((alpha / total) @ updates.to(torch.float64)).to(updates.dtype)
