@@ -317,3 +317,123 @@ def arc(x, f):
         if norms[i] > 0:
             out[i] = x[i] * (tau / norms[i])
     return out
+
+
+# ---------------------------------------------------------------- subset and spectral rules (defences.py)
+
+from itertools import combinations as _combinations
+
+# Eigenvalues within TIE_RTOL (relative) of the smallest are ties: the first one wins.
+TIE_RTOL = 1e-9
+
+
+def _first_near_min(values: list[float]) -> int:
+    low = min(values)
+    return next(i for i, v in enumerate(values) if v <= low * (1 + TIE_RTOL))
+
+
+def _weighted_covariance(rows: list[np.ndarray], weights: list[float]) -> tuple[np.ndarray, np.ndarray]:
+    """(μ, Σ): μ = Σ w_i x_i / Σw, Σ = (1/Σw) Σ w_i (x_i − μ)(x_i − μ)ᵀ, a d × d matrix."""
+    s = sum(weights)
+    mu = np.zeros_like(rows[0])
+    for w, r in zip(weights, rows):
+        mu = mu + w * r
+    mu = mu / s
+    cov = np.zeros((len(mu), len(mu)))
+    for w, r in zip(weights, rows):
+        cov = cov + w * np.outer(r - mu, r - mu)
+    return mu, cov / s
+
+
+def mda(x, f):
+    """The first subset (combinations order) of n − f rows of strictly smallest diameter."""
+    x = _np(x)
+    n = len(x)
+    best, best_subset = math.inf, None
+    for subset in _combinations(range(n), n - f):
+        diameter = max(_sq(x[i], x[j]) for i in subset for j in subset)
+        if diameter < best:
+            best, best_subset = diameter, subset
+    return _mean_rows([x[i] for i in best_subset])
+
+
+def smea(x, f):
+    """Top eigenvalue of each subset's d × d covariance; the first near-smallest wins."""
+    x = _np(x)
+    n = len(x)
+    subsets = list(_combinations(range(n), n - f))
+    lams = []
+    for subset in subsets:
+        _, cov = _weighted_covariance([x[i] for i in subset], [1.0] * len(subset))
+        lams.append(max(0.0, float(np.linalg.eigvalsh(cov)[-1])))
+    best = subsets[_first_near_min(lams)]
+    return _mean_rows([x[i] for i in best])
+
+
+def caf(x, f):
+    """CAF with exact d × d eigenpairs, τ_max over the rows with positive weight, a do-while
+    loop, a stop at λ = 0, and the first near-smallest λ's weighted mean."""
+    x = _np(x)
+    n = len(x)
+    c = [1.0] * n
+    lams, means = [], []
+    while True:
+        mu, cov = _weighted_covariance(list(x), c)
+        evals, evecs = np.linalg.eigh(cov)
+        lam = max(float(evals[-1]), 0.0)
+        lams.append(lam)
+        means.append(mu)
+        if lam == 0:
+            break
+        v = evecs[:, -1]
+        tau = [float(np.dot(r - mu, v)) ** 2 for r in x]
+        tau_max = max(tau[i] for i in range(n) if c[i] > 0)
+        if not tau_max > 0:
+            break
+        c = [max(0.0, c[i] * (1.0 - tau[i] / tau_max)) for i in range(n)]
+        if sum(c) <= n - 2 * f:
+            break
+    return means[_first_near_min(lams)]
+
+
+def cosine_distance(a: np.ndarray, b: np.ndarray) -> float:
+    """1 − cos(a, b), cos clamped to [−1, 1]; 1 if either vector is zero."""
+    na, nb = _norm(a), _norm(b)
+    if na == 0 or nb == 0:
+        return 1.0
+    return 1.0 - min(1.0, max(-1.0, sum(u * v for u, v in zip(a, b)) / (na * nb)))
+
+
+def agglomerate_two(dist: np.ndarray, linkage: str = "average") -> list[list[int]]:
+    """Greedy agglomerative clustering down to two clusters: merge the pair of clusters with the
+    smallest linkage distance (average / min / max over their members' pairs)."""
+    clusters = [[i] for i in range(len(dist))]
+    link = {"average": lambda v: sum(v) / len(v), "single": min, "complete": max}[linkage]
+    while len(clusters) > 2:
+        best = None
+        for a in range(len(clusters)):
+            for b in range(a + 1, len(clusters)):
+                value = link([dist[i, j] for i in clusters[a] for j in clusters[b]])
+                if best is None or value < best[0]:
+                    best = (value, a, b)
+        _, a, b = best
+        clusters[a] = sorted(clusters[a] + clusters[b])
+        del clusters[b]
+    return clusters
+
+
+def clipped_clustering(x, f, linkage="average"):
+    x = _np(x)
+    n = len(x)
+    if n == 1:
+        keep = [0]
+    else:
+        dist = np.array([[cosine_distance(x[i], x[j]) for j in range(n)] for i in range(n)])
+        a, b = agglomerate_two(dist, linkage)
+        keep = a if len(a) > len(b) or (len(a) == len(b) and min(a) < min(b)) else b
+    norms = [_norm(r) for r in x]
+    m = _med(norms)
+    out = np.zeros(x.shape[1])
+    for i in keep:
+        out = out + x[i] * (min(1.0, m / norms[i]) if norms[i] > 0 else 1.0)
+    return out / len(keep)
