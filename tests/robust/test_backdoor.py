@@ -202,6 +202,11 @@ def test_report_table_and_sweep_carry_the_success_rate(tmp_path):
     Experiment(RAW, rounds=2, attack={"name": "pattern_backdoor", "f": 2}).run(tmp_path / "run")
     table = summary_table(find_runs([tmp_path / "run"]))
     assert "ASR (%)" in [c.header for c in table.columns]
+    from fedsafe.report.write import write_report
+
+    report = write_report([tmp_path / "run"], tmp_path / "report")
+    assert tmp_path / "report" / "attack_success_rate.png" in report["figures"]
+    assert "asr_pct" in (tmp_path / "report" / "summary.csv").read_text().splitlines()[0]
     records = sweep(RAW, {"robust.rule": ["mean", "median"], "attack.name": ["pattern_backdoor", "alie"]},
                     tmp_path / "sweep", rounds=2, overrides={"attack.f": 2})
     by = {(r["robust.rule"], r["attack.name"]): r for r in records}

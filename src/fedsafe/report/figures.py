@@ -102,9 +102,10 @@ def figure_accuracy_vs_epsilon(runs: Sequence[Run]) -> Figure:
     return fig
 
 
-def plot_metric(runs: Sequence[Run], key: str, out: Path, ylabel: str | None = None) -> Path:
-    """Save ``figure_metric(runs, key, ylabel)`` (e.g. ``test_loss``, ``epsilon``) to ``out``."""
-    return _save(figure_metric(runs, key, ylabel), out)
+def plot_metric(runs: Sequence[Run], key: str, out: Path, ylabel: str | None = None, *, scale: float = 1.0) -> Path:
+    """Save ``figure_metric(runs, key, ylabel, scale=scale)`` (e.g. ``test_loss``, ``epsilon``)
+    to ``out``."""
+    return _save(figure_metric(runs, key, ylabel, scale=scale), out)
 
 
 def plot_accuracy(runs: Sequence[Run], out: Path) -> Path:

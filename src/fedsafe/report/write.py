@@ -7,12 +7,13 @@ from typing import Any
 
 from fedsafe.report.figures import plot_accuracy, plot_accuracy_vs_epsilon, plot_metric
 from fedsafe.report.runs import find_runs
-from fedsafe.report.table import has_epsilon, write_csv
+from fedsafe.report.table import has_backdoor, has_epsilon, write_csv
 
 
 def write_report(paths: list[Path], out_dir: Path) -> dict[str, Any]:
     """Write ``accuracy.png``, ``test_loss.png``, ``summary.csv`` and, when any run has ε,
-    ``epsilon.png`` and ``accuracy_vs_epsilon.png`` into ``out_dir`` (created).
+    ``epsilon.png`` and ``accuracy_vs_epsilon.png``, when any run is under a backdoor,
+    ``attack_success_rate.png`` into ``out_dir`` (created).
 
     Returns ``{"figures": [paths], "csv": path, "runs": number of runs}``.
     """
@@ -23,6 +24,9 @@ def write_report(paths: list[Path], out_dir: Path) -> dict[str, Any]:
         plot_accuracy(runs, out / "accuracy.png"),
         plot_metric(runs, "test_loss", out / "test_loss.png", "test loss (cross-entropy)"),
     ]
+    if has_backdoor(runs):
+        figures.append(plot_metric(runs, "attack_success_rate", out / "attack_success_rate.png",
+                                   "backdoor attack success rate (%)", scale=100.0))
     if has_epsilon(runs):
         figures.append(plot_metric(runs, "epsilon", out / "epsilon.png", "ε (cumulative)"))
         figures.append(plot_accuracy_vs_epsilon(runs, out / "accuracy_vs_epsilon.png"))
