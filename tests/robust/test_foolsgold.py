@@ -57,7 +57,9 @@ def test_rule_uses_the_histories_and_refuses_without_ids():
     hist = {0: torch.randn(10, generator=g, dtype=torch.float64), 4: torch.randn(10, generator=g, dtype=torch.float64)}
     ids = (0, 1, 2, 3, 4, 9)
     rule = AGGREGATORS.get("foolsgold")
+    before = x.clone()
     out = rule(x, f=1, client_ids=ids, history=hist)
+    assert torch.equal(x, before)  # the histories are added to a copy
     h = x.clone()
     h[0] += hist[0]
     h[4] += hist[4]

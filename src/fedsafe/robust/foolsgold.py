@@ -11,7 +11,9 @@ import torch
 from torch import Tensor
 
 from fedsafe.robust.aggregators import AGGREGATORS
+from fedsafe.robust.distances import gram
 from fedsafe.robust.rows import check_matrix, require
+from fedsafe.robust.rowwise import centred_weighted_sum
 
 
 _IDENTICAL = 1e-12
@@ -25,13 +27,17 @@ def foolsgold_weights(histories: Tensor, kappa: float = 1.0) -> Tensor:
     pardoning ``cs_ij ← cs_ij · v_i / v_j`` where ``v_j > v_i``; ``α_i = 1 − max_j cs_ij``
     clipped to [0, 1], and 0 below 1e-12 (rounding of an identical direction); ``α ← α / max α`` (all zero stays zero); ``α_i = 0.99`` where it is 1;
     ``α_i ← κ (ln(α_i / (1 − α_i)) + 0.5)`` clipped to [0, 1] (``α_i = 0`` gives 0)."""
-    h = histories.to(torch.float64)
-    n = h.shape[0]
+    return weights_from_gram(gram(histories, dtype=torch.float64).to(torch.float64), kappa)
+
+
+def weights_from_gram(g: Tensor, kappa: float = 1.0) -> Tensor:
+    """:func:`foolsgold_weights` from the histories' Gram matrix ``g`` (n, n), float64."""
+    n = g.shape[0]
     if n == 1:
         return torch.ones(1, dtype=torch.float64)
-    norms = torch.linalg.vector_norm(h, dim=1)
+    norms = torch.diagonal(g).clamp_min(0).sqrt()
     denom = norms[:, None] * norms[None, :]
-    cs = torch.where(denom > 0, (h @ h.T) / torch.where(denom > 0, denom, 1.0), torch.zeros_like(denom))
+    cs = torch.where(denom > 0, g / torch.where(denom > 0, denom, 1.0), torch.zeros_like(denom)).clamp(-1, 1)
     cs.fill_diagonal_(-math.inf)
     v = cs.max(dim=1).values
     pardon = v[None, :] > v[:, None]  # v_j > v_i: scale row i's entry j by v_i / v_j
@@ -69,7 +75,8 @@ def foolsgold(
     learning rate means what it means for the other rules. ``kappa`` is the paper's κ (1).
     Rows must be clients' own updates (``client_ids``; refused after pre-aggregators). Works for
     any n; f is not used: FoolsGold targets sybils, not a bounded number of attackers.
-    Cost: an n × n cosine matrix of the histories (float64) and one weighted sum."""
+    Cost: the histories' Gram matrix (float64, the tiled kernel of ``robust.rowwise``; one
+    float64 copy of the updates once clients have histories) and one weighted sum."""
     n = check_matrix(updates, "foolsgold")
     require("foolsgold", n, f, True, "f >= 0")
     if not kappa > 0:
@@ -78,15 +85,19 @@ def foolsgold(
         raise ValueError("foolsgold: needs the client id of every row (client_ids); the pipeline supplies them")
     history = history or {}
     d = updates.shape[1]
-    past = torch.zeros((n, d), dtype=torch.float64)
-    for i, cid in enumerate(client_ids):
-        h = history.get(int(cid))
-        if h is not None:
-            if h.shape != (d,):
-                raise ValueError(f"foolsgold: history of client {cid} has shape {tuple(h.shape)}, expected ({d},)")
-            past[i] = h
-    alpha = foolsgold_weights(past + updates.to(torch.float64), kappa)
+    past = [(i, history.get(int(cid))) for i, cid in enumerate(client_ids)]
+    past = [(i, h) for i, h in past if h is not None]
+    for i, h in past:
+        if h.shape != (d,):
+            raise ValueError(f"foolsgold: history of client {client_ids[i]} has shape {tuple(h.shape)}, expected ({d},)")
+    if past:  # this round's histories, in float64
+        hist = updates.to(torch.float64, copy=True)  # never the caller's tensor
+        for i, h in past:
+            hist[i] += h
+    else:  # nobody has a history yet: the updates are the histories (no copy)
+        hist = updates
+    alpha = weights_from_gram(gram(hist, dtype=torch.float64).to(torch.float64), kappa)
     total = float(alpha.sum())
     if total == 0:
         return torch.zeros(d, dtype=updates.dtype, device=updates.device)
-    return ((alpha / total) @ updates.to(torch.float64)).to(updates.dtype)
+    return centred_weighted_sum(updates, alpha / total, None)
