@@ -233,7 +233,8 @@ def test_own_loss():
     assert not torch.allclose(_params(serial), _params(plain))
     # the reported test loss is the user's loss on the test set (its batch mean)
     fed = serial.federation
-    logits = serial.model(fed.data.x_test)
+    with torch.no_grad():
+        logits = serial.model(fed.data.x_test)
     assert serial.rows[-1]["test_loss"] == pytest.approx(float(smooth(logits, fed.data.y_test)), rel=1e-5)
     with pytest.raises(ConfigError, match="loss: must be a function"):
         fedsafe.Experiment(BASE, loss="mse")
