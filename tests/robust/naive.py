@@ -151,14 +151,15 @@ def geometric_median(x, f, eps=1e-8, tol=1e-6, max_iter=100):
     x = _np(x)
     rows = list(x)
     z = _mean_rows(rows)
-    obj = sum(_norm(z - r) for r in rows)
     for _ in range(max_iter):
         w = [1.0 / max(eps, _norm(z - r)) for r in rows]
-        z = sum(wi * r for wi, r in zip(w, rows)) / sum(w)
-        new_obj = sum(_norm(z - r) for r in rows)
-        done = abs(obj - new_obj) <= tol * new_obj
-        obj = new_obj
-        if done:
+        new = sum(wi * r for wi, r in zip(w, rows)) / sum(w)
+        step = _norm(new - z)
+        z = new
+        dist = sorted(_norm(z - r) for r in rows)
+        k = len(dist)
+        median = dist[k // 2] if k % 2 else (dist[k // 2 - 1] + dist[k // 2]) / 2
+        if step <= tol * median:  # the step against the bulk's scale (see distances.py)
             break
     return z
 

@@ -157,9 +157,11 @@ def geometric_median(
 ) -> Tensor:
     """Geometric median ``argmin_z Σ_i ‖z − x_i‖`` by the smoothed Weiszfeld iteration of RFA
     (Pillutla, Kakade, Harchaoui 2022): from the mean, ``z ← Σ_i w_i x_i / Σ_i w_i`` with
-    ``w_i = 1 / max(eps, ‖z − x_i‖)``, stopping when the objective changes by at most
-    ``tol`` relative, or after ``max_iter`` steps. Runs on the float64 squared-distance matrix
-    (``distances.weiszfeld_weights``); the output is one final weighted sum of the updates.
+    ``w_i = 1 / max(eps, ‖z − x_i‖)``, stopping when a step moves z by at most ``tol`` times
+    the median distance ``‖z − x_i‖``, or after ``max_iter`` steps (RFA stops on the
+    objective's relative change, which far outliers dominate). Runs on the float64
+    squared-distance matrix (``distances.weiszfeld_weights``); the output is one final
+    weighted sum of the updates.
     Requires ``n > 2f`` (breakdown point 1/2)."""
     n = _check_matrix(updates, "geometric_median")
     _require("geometric_median", n, f, 2 * f < n, "n > 2f")

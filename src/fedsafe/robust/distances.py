@@ -209,10 +209,17 @@ def weiszfeld_weights(
     approximation of the geometric median (Pillutla, Kakade, Harchaoui, RFA, 2022).
 
     Start at the mean (``α = 1/n``); repeat ``w_i = 1 / max(eps, ‖z − x_i‖)``, ``α = w / Σw``
-    until the objective ``g(z) = Σ_i ‖z − x_i‖`` changes by at most ``tol · g`` (relative) or
-    ``max_iter`` steps were taken. Every iterate is a convex combination of the updates, so the
-    distances follow from ``D`` alone:
-    ``‖z − x_i‖² = Σ_j α_j D_ij − ½ Σ_jk α_j α_k D_jk`` (clamped at 0).
+    until the step ``‖z_new − z‖`` is at most ``tol`` times the median distance
+    ``median_i ‖z_new − x_i‖``, or ``max_iter`` steps were taken. Every iterate is a convex
+    combination of the updates, so the distances follow from ``D`` alone:
+    ``‖z − x_i‖² = Σ_j α_j D_ij − ½ Σ_jk α_j α_k D_jk`` (clamped at 0), and the step from the
+    change of weights ``δ = α_new − α`` (Σδ = 0): ``‖Δz‖² = −½ δᵀ D δ``.
+
+    RFA stops when the objective ``Σ_i ‖z − x_i‖`` changes by at most ``tol`` relative; far
+    outliers dominate that sum, so with a few updates at 10⁶ and the rest of spread 1 it
+    stopped 0.45 away from the geometric median (found comparing with ByzFL). The median
+    distance is the scale of the bulk, whatever the outliers do: the step is measured
+    against it.
     """
     n = check_d2(d2, "geometric_median")
     if not eps > 0 or not tol >= 0 or not (isinstance(max_iter, int) and max_iter >= 1):
@@ -227,13 +234,19 @@ def weiszfeld_weights(
         return (da - 0.5 * (a @ da)).clamp_min(0).sqrt()
 
     alpha = torch.full((n,), 1.0 / n, dtype=torch.float64, device=d2.device)
-    obj = float(dist(alpha).sum())
     for _ in range(max_iter):
         w = 1.0 / dist(alpha).clamp_min(eps)
-        alpha = w / w.sum()
-        new_obj = float(dist(alpha).sum())
-        done = abs(obj - new_obj) <= tol * new_obj
-        obj = new_obj
-        if done:
+        new = w / w.sum()
+        delta = new - alpha
+        step = float((-0.5 * (delta @ (dd @ delta))).clamp_min(0)) ** 0.5
+        alpha = new
+        if step <= tol * _median(dist(alpha)):
             break
     return alpha
+
+
+def _median(values: Tensor) -> float:
+    """The median of a 1-D tensor (even count: the mean of the two middle values)."""
+    s = torch.sort(values).values
+    h = s.numel() // 2
+    return float(s[h] if s.numel() % 2 else (s[h - 1] + s[h]) / 2)
