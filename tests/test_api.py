@@ -303,7 +303,7 @@ def test_save_and_load_a_custom_model(tmp_path):
         fedsafe.load_model(tmp_path / "m", model=nn.Sequential(nn.Flatten(), nn.Linear(64, 10)))
 
 
-def test_run_directory_and_resume_with_a_custom_model(tmp_path):
+def test_run_directory_and_resume_with_a_custom_model(tmp_path, interrupted_then_resumed):
     raw = {**BASE, "rounds": 4, "checkpoint_every": 2}
     torch.manual_seed(0)
     net = _Net()
@@ -311,24 +311,8 @@ def test_run_directory_and_resume_with_a_custom_model(tmp_path):
     for name in ("config.toml", "metrics.jsonl", "summary.json", "model.pt", "model.json", "checkpoint.pt"):
         assert (tmp_path / "whole" / name).is_file(), name
     # a run stopped after its round-2 checkpoint, then resumed, ends where the whole one does
-    fedsafe.Experiment({**raw, "rounds": 4}, model=net).run(tmp_path / "cut")
-    short = fedsafe.Experiment(raw, model=net)
-    fed = short.federation(tmp_path / "cut")
-    fed.restore()
-    assert fed.state.round == 4
-    cut = tmp_path / "cut2"
-    first = fedsafe.Experiment(raw, model=net)
-
-    class Stop(Exception):
-        pass
-
-    def stop_after_2(row):
-        if row["round"] == 2:
-            raise Stop
-
-    with pytest.raises(Stop):
-        first.run(cut, callbacks=[stop_after_2])
-    resumed = fedsafe.Experiment(raw, model=net).run(cut, resume=True)
+    cut = tmp_path / "cut"
+    resumed = interrupted_then_resumed(lambda: fedsafe.Experiment(raw, model=net), cut)
     assert torch.equal(_params(resumed), _params(whole))
     assert [r["round"] for r in resumed.rows] == [1, 2, 3, 4]
     with pytest.raises(ValueError, match="already finished"):

@@ -82,18 +82,11 @@ def test_the_engine_supplies_the_server_update_from_its_root_dataset():
     assert root.momentum is not None and torch.equal(root.momentum[0], want)
 
 
-def test_fltrust_resumes_exactly_and_checks_root_size(tmp_path):
+def test_fltrust_resumes_exactly_and_checks_root_size(tmp_path, interrupted_then_resumed):
     from fedsafe import Experiment
 
     whole = Experiment(RAW).run(tmp_path / "whole")
-
-    def stop(row):
-        if row["round"] == 2:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        Experiment(RAW).run(tmp_path / "cut", callbacks=[stop])
-    resumed = Experiment(RAW).run(tmp_path / "cut", resume=True)
+    resumed = interrupted_then_resumed(lambda: Experiment(RAW), tmp_path / "cut")
     assert torch.equal(resumed.federation.state.params, whole.federation.state.params)
     with pytest.raises(ConfigError, match=r"root_size must be an integer in \[1, "):
         Experiment(RAW, robust={"params": {"root_size": 10**6}}).run()

@@ -90,18 +90,11 @@ RAW = {"rounds": 4, "seed": 1, "eval_every": 2, "checkpoint_every": 2,
        "robust": {"rule": "foolsgold"}, "attack": {"name": "sign_flip", "f": 2}}
 
 
-def test_engine_resumes_foolsgold_exactly_and_refuses_pre_aggregators(tmp_path):
+def test_engine_resumes_foolsgold_exactly_and_refuses_pre_aggregators(tmp_path, interrupted_then_resumed):
     from fedsafe import Experiment
 
     whole = Experiment(RAW).run(tmp_path / "whole")
-
-    def stop(row):
-        if row["round"] == 2:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        Experiment(RAW).run(tmp_path / "cut", callbacks=[stop])
-    resumed = Experiment(RAW).run(tmp_path / "cut", resume=True)
+    resumed = interrupted_then_resumed(lambda: Experiment(RAW), tmp_path / "cut")
     assert torch.equal(resumed.federation.state.params, whole.federation.state.params)
     assert sorted(resumed.federation.pipeline.history) == sorted(whole.federation.pipeline.history)
     with pytest.raises(ConfigError, match="cannot run after pre-aggregators"):
