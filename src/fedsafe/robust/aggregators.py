@@ -33,7 +33,7 @@ from fedsafe.robust.filters import (
     norm_filter_select,
 )
 from fedsafe.robust.krum import bulyan_select, krum_select, multi_krum_select
-from fedsafe.robust.rows import average_rows
+from fedsafe.robust.rows import average_rows, median_value
 from fedsafe.robust.rows import check_matrix as _check_matrix
 from fedsafe.robust.rows import require as _require
 from fedsafe.robust.rowwise import centred_weighted_sum, row_sq_norms
@@ -60,13 +60,6 @@ def _int_param(rule: str, name: str, value: object, minimum: int) -> int:
 def _floor(x: float) -> int:
     # ⌊c·f⌋ with c·f computed in floating point: 0.29 * 100 = 28.999999999999996 means 29.
     return math.floor(x + 1e-9)
-
-
-def _median_value(values: Tensor) -> Tensor:
-    """The median of a 1-D tensor (even count: the mean of the two middle values)."""
-    s = torch.sort(values).values
-    h = s.numel() // 2
-    return s[h] if s.numel() % 2 else (s[h - 1] + s[h]) / 2
 
 
 def _clip_factors(norms: Tensor, tau: Tensor | float) -> Tensor:
@@ -215,7 +208,7 @@ def centered_clipping(
         # the first round starts at 0: plain norms, no read of a zero vector
         centre = None if previous is None and it == 0 else v
         dist = row_sq_norms(updates, centre).sqrt()
-        radius = _median_value(dist) if tau is None else tau
+        radius = median_value(dist) if tau is None else tau
         c = _clip_factors(dist, radius)
         v = centred_weighted_sum(updates, c / n, v)
     return v

@@ -27,9 +27,9 @@ import math
 import torch
 from torch import Tensor
 
-from fedsafe.robust.aggregators import AGGREGATORS, _int_param, _median_value
+from fedsafe.robust.aggregators import AGGREGATORS, _int_param
 from fedsafe.robust.distances import gram, pairwise_sq_distances
-from fedsafe.robust.rows import average_rows, check_matrix, require
+from fedsafe.robust.rows import average_rows, check_matrix, median_value, require
 
 #: Default bound on the number of subsets MDA and SMEA enumerate.
 MAX_SUBSETS = 100_000
@@ -291,7 +291,7 @@ def clipped_clustering(updates: Tensor, *, f: int, linkage: str = "average") -> 
         dist.fill_diagonal_(0.0)
         a, b = _two_clusters(dist, linkage)
         keep = a if (len(a), -a[0]) > (len(b), -b[0]) else b
-    bound = _median_value(norms)
+    bound = median_value(norms)
     scale = torch.where(norms > bound, bound / torch.where(norms > 0, norms, 1.0), 1.0)
     w = torch.zeros(n, dtype=torch.float64)
     w[keep] = scale[keep] / len(keep)

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedsafe.robust.rows import median_value
 from fedsafe.robust.rows import require as _require
 from fedsafe.robust.rowwise import gram_float64, use_gram_kernel
 
@@ -240,13 +241,6 @@ def weiszfeld_weights(
         delta = new - alpha
         step = float((-0.5 * (delta @ (dd @ delta))).clamp_min(0)) ** 0.5
         alpha = new
-        if step <= tol * _median(dist(alpha)):
+        if step <= tol * float(median_value(dist(alpha))):
             break
     return alpha
-
-
-def _median(values: Tensor) -> float:
-    """The median of a 1-D tensor (even count: the mean of the two middle values)."""
-    s = torch.sort(values).values
-    h = s.numel() // 2
-    return float(s[h] if s.numel() % 2 else (s[h - 1] + s[h]) / 2)

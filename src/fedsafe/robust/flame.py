@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from fedsafe.robust.aggregators import AGGREGATORS
-from fedsafe.robust.rows import check_matrix, require
+from fedsafe.robust.rows import check_matrix, median_value, require
 from fedsafe.robust.rowwise import centred_weighted_sum, gram_float64, row_sq_norms, use_gram_kernel
 
 
@@ -71,9 +71,7 @@ def flame(updates: Tensor, *, f: int, generator: torch.Generator | None = None, 
         raise ValueError(f"flame: noise must be >= 0, got {noise}")
     keep = admitted(updates)
     norms = row_sq_norms(updates).sqrt().to(torch.float64)
-    s = torch.sort(norms).values
-    h = n // 2
-    bound = float(s[h] if n % 2 else (s[h - 1] + s[h]) / 2)
+    bound = float(median_value(norms))
     weights = torch.zeros(n, dtype=torch.float64)
     idx = torch.from_numpy(keep)
     scale = torch.where(norms[idx] > bound, bound / torch.where(norms[idx] > 0, norms[idx], 1.0), torch.ones_like(norms[idx]))

@@ -42,3 +42,11 @@ def average_rows(updates: Tensor, rows: Tensor) -> Tensor:
     w = updates.new_zeros(updates.shape[0])
     w[rows.to(updates.device)] = 1.0
     return (w / w.sum()) @ updates
+
+
+def median_value(values: Tensor) -> Tensor:
+    """The median of a 1-D tensor, as a 0-d tensor (even count: the mean of the two middle
+    values, fedsafe's median convention)."""
+    s = values.sort().values
+    h = s.numel() // 2
+    return s[h] if s.numel() % 2 else (s[h - 1] + s[h]) / 2
