@@ -116,7 +116,10 @@ def test_attack_success_rate_against_a_naive_count():
 
 def test_make_poison_checks_its_parameters():
     x = torch.randn(5, 1, 8, 8)
-    assert make_poison("alie", {}, x, 10) is None and make_poison("none", {}, x, 10) is None
+    assert make_poison("alie", {}, x, 10) is None
+    assert make_poison("none", {}, x, 10) == Poison()  # honest training on the clients' own data
+    px, py = Poison()(x[None], torch.arange(5)[None], 10)
+    assert torch.equal(px, x[None]) and torch.equal(py, torch.arange(5)[None])
     assert make_poison("label_flip", {}, x, 10) == Poison(labels="label_flip")
     assert backdoor_settings("model_replacement", {"fraction": 1.0}) == (0, 3, 1.0)
     with pytest.raises(ValueError, match=r"attack.params.target = 10 must be a class in \[0, 10\)"):
@@ -217,3 +220,16 @@ def test_report_table_and_sweep_carry_the_success_rate(tmp_path):
     fig = figure_sweep(records, ["robust.rule", "attack.name"], "robust.rule", "attack.name",
                        metric="final_attack_success_rate", worst_case=False)
     assert fig.axes[-1].get_ylabel() == "backdoor attack success rate (%)"
+
+
+def test_attack_none_byzantine_clients_train_honestly():
+    # attack.name = "none" with f > 0: the Byzantine clients send their honest updates, so the
+    # run is the run without attackers, up to the order in which the mean adds the rows
+    from fedsafe import Experiment
+
+    raw = {**RAW, "rounds": 3}
+    with_none = Experiment(raw, attack={"name": "none", "f": 4}).run()
+    honest = Experiment(raw, attack={"name": "none", "f": 0}).run()
+    torch.testing.assert_close(with_none.federation.state.params, honest.federation.state.params,
+                               rtol=1e-5, atol=1e-6)
+    assert "attack_success_rate" not in with_none.rows[-1]

@@ -117,10 +117,14 @@ def backdoor_settings(name: str, params: dict) -> tuple[int, int, float] | None:
 
 
 def make_poison(name: str, params: dict, x_train: Tensor, num_classes: int) -> Poison | None:
-    """The :class:`Poison` attack ``name`` trains its Byzantine clients on (None: the attack
-    does not poison data); ValueError naming ``attack.params`` for a target outside the
+    """The :class:`Poison` attack ``name`` trains its Byzantine clients on: labels transformed
+    (``label_flip``), a backdoor, or nothing changed (``none``: the Byzantine clients train
+    honestly on their own data and send that); None when the attack does not use the Byzantine
+    clients' own updates. ValueError naming ``attack.params`` for a target outside the
     classes, a trigger that does not fit or a fraction outside (0, 1]."""
-    if name in LABEL_TRANSFORMS and name != "none":
+    if name == "none":
+        return Poison()
+    if name in LABEL_TRANSFORMS:
         return Poison(labels=name)
     settings = backdoor_settings(name, params)
     if settings is None:
