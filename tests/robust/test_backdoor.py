@@ -220,6 +220,8 @@ def test_report_table_and_sweep_carry_the_success_rate(tmp_path):
     fig = figure_sweep(records, ["robust.rule", "attack.name"], "robust.rule", "attack.name",
                        metric="final_attack_success_rate", worst_case=False)
     assert fig.axes[-1].get_ylabel() == "backdoor attack success rate (%)"
+    # only the backdoor's column: ALIE measures no success rate
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["pattern_backdoor"]
 
 
 def test_attack_none_byzantine_clients_train_honestly():

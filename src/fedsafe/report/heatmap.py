@@ -81,7 +81,9 @@ def _draw(
     cmap=CMAP,
 ):
     im = ax.imshow(100 * m, cmap=cmap, norm=NORM, aspect="auto")
-    ax.set_xticks(range(len(col_vals)), [format_value(v) for v in col_vals])
+    labels = [format_value(v) for v in col_vals]
+    long = max((len(t) for t in labels), default=0) > 8  # would overlap their neighbours
+    ax.set_xticks(range(len(col_vals)), labels, rotation=30 if long else 0, ha="right" if long else "center")
     ax.set_yticks(range(len(row_vals)), [format_value(v) for v in row_vals])
     for i, j in itertools.product(range(m.shape[0]), range(m.shape[1])):
         fill = to_rgb(NA_COLOUR) if np.isnan(m[i, j]) else cmap(NORM(100 * m[i, j]))
@@ -92,10 +94,11 @@ def _draw(
     return im
 
 
-#: What a sweep heatmap can show: key -> (title, colour-bar label, higher is better).
+#: What a sweep heatmap can show: key -> (title, colour-bar label, higher is better, measured
+#: only by some cells: the grid then keeps just the rows and columns where it was measured).
 METRICS = {
-    "final_accuracy": ("final accuracy", "final test accuracy (%)", True),
-    "final_attack_success_rate": ("attack success rate", "backdoor attack success rate (%)", False),
+    "final_accuracy": ("final accuracy", "final test accuracy (%)", True, False),
+    "final_attack_success_rate": ("attack success rate", "backdoor attack success rate (%)", False, True),
 }
 
 
@@ -113,7 +116,11 @@ def figure_sweep(
     success rate, whose worst case is the highest). Cells show mean ± sd over seeds."""
     if metric not in METRICS:
         raise ReportError(f"unknown heatmap metric {metric!r}; valid: {', '.join(METRICS)}")
-    label, bar, higher_better = METRICS[metric]
+    label, bar, higher_better, partial = METRICS[metric]
+    if partial:  # e.g. the success rate of backdoors: the untargeted attacks' columns would be n/a
+        records = [r for r in records if r.get(metric) is not None]
+        if not records:
+            raise ReportError(f"no cell of the sweep measured {metric}")
     for k in (rows, cols):
         if k not in keys:
             raise ReportError(f"heatmap axis {k!r} is not a grid key; grid keys: {', '.join(keys)}")
