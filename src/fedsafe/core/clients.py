@@ -39,6 +39,8 @@ class LocalResult:
     losses: Tensor  # (n,), each client's minibatch loss at the global model
     momentum: Tensor | None  # (n, d) new dsgd momentum rows, else None
     survivors: np.ndarray | None = None  # (n,) bool; False = the client dropped out (None: all ok)
+    # remote clients (fedsafe.flower): each client's plugin reports (Plugin.client_reports), in row order
+    reports: list[dict[str, float]] | None = None
 
 
 class ClientAlgorithm:

@@ -62,7 +62,30 @@ class Plugin:
         return dim
 
     def transform_honest(self, updates: Tensor, ctx: RoundContext, ids: np.ndarray) -> Tensor:
+        """Client side: row i is client ``ids[i]``'s update. Where the clients are remote processes
+        (``fedsafe.flower``), each client runs this on its own row, in its own instance of the
+        plugin, and the server's instance gets :meth:`observe_honest` instead: so row i's result
+        must depend on that row, the client id and the round only (and on the plugin's state the
+        server sends each round, such as DP's clip norm)."""
         return updates
+
+    def client_reports(self) -> dict[str, float]:
+        """Remote clients: what a client's instance reports to the server after its
+        :meth:`transform_honest` (a figure the server may see, e.g. whether it clipped)."""
+        return {}
+
+    def client_state(self) -> dict[str, float]:
+        """Remote clients: what the server sends each client's instance before a round (DP:
+        the current clip norm), loaded there by :meth:`load_client_state`."""
+        return {}
+
+    def load_client_state(self, state: dict[str, float]) -> None:
+        return None
+
+    def observe_honest(self, ctx: RoundContext, ids: np.ndarray, reports: list[dict[str, float]]) -> None:
+        """Remote clients: the server's instance learns which honest clients ran
+        :meth:`transform_honest` on their side this round, and what each reported."""
+        return None
 
     def extra_messages(self, ctx: RoundContext, dim: int) -> list[Message]:
         return []

@@ -56,6 +56,12 @@ class Federation:
     ``loss``: ``loss(logits, labels) -> scalar`` (the batch mean) instead of cross-entropy,
     for training and the reported test loss; ``plugins``: round plugins run after the
     registered ones. The Python API (:class:`fedsafe.Experiment`) builds on this class.
+
+    ``client_work(cfg, backend, data)``: builds the client work instead of ``execution``'s (a
+    :class:`ClientWork`); one whose ``remote_clients`` is true runs the plugins' client-side
+    transforms on the clients themselves (``fedsafe.flower``: on the SuperNodes), so the engine
+    then calls each plugin's ``observe_honest`` instead of ``transform_honest``. ``protocol``:
+    the protocol object instead of ``make_protocol(cfg)``.
     """
 
     def __init__(
@@ -67,6 +73,8 @@ class Federation:
         data: FederatedDataset | None = None,
         model: torch.nn.Module | None = None,
         loss: LossFn | None = None,
+        client_work: Callable[..., ClientWork] | None = None,
+        protocol: Any = None,
     ) -> None:
         self.cfg = cfg
         self.out_dir = None if out_dir is None else Path(out_dir)
@@ -95,7 +103,10 @@ class Federation:
         except ValueError as e:
             raise ConfigError([f"model: {e}"]) from None
         self.layout = ParamLayout.from_model(self.model)
-        if cfg.execution == "ray":
+        if client_work is not None:
+            self.backend = make_backend("serial", self.model, self.layout, loss)
+            self.work = client_work(cfg, self.backend, self.data)
+        elif cfg.execution == "ray":
             from fedsafe.engine.ray_execution import RayClientWork
 
             self.backend = make_backend(cfg.ray.inner, self.model, self.layout, loss)
@@ -126,7 +137,7 @@ class Federation:
                 )
             except ValueError as e:
                 raise ConfigError([str(e)]) from None
-        self.protocol = make_protocol(cfg)
+        self.protocol = make_protocol(cfg) if protocol is None else protocol
         try:
             self.protocol.check(self.pipeline)
         except ProtocolError as e:
@@ -405,8 +416,15 @@ class Federation:
             if len(honest) == 0:
                 raise _Skip("every honest client dropped out")
         row["train_loss"] = float(losses.mean())
-        for p in self.plugins:
-            updates = p.transform_honest(updates, ctx, honest)
+        if getattr(self.work, "remote_clients", False):  # the clients transformed their own rows
+            reports = res.reports if res.reports is not None else [{} for _ in honest]
+            if res.survivors is not None:
+                reports = [r for r, ok in zip(reports, res.survivors) if ok]
+            for p in self.plugins:
+                p.observe_honest(ctx, honest, reports)
+        else:
+            for p in self.plugins:
+                updates = p.transform_honest(updates, ctx, honest)
         messages = Messages(honest, updates)  # no copy: the rows of the client work's output
         if len(byz):
             byz_updates = self._byzantine_updates(t, updates, honest, byz, len(ctx.participants))
@@ -524,6 +542,7 @@ class Federation:
             attack=self.cfg.attack.name,
             f=self.cfg.attack.f,
             parameters=self.state.params.numel(),
-            execution="ray" if self.cfg.execution == "ray" else describe(self.backend),
+            execution=getattr(self.work, "execution", None)
+            or ("ray" if self.cfg.execution == "ray" else describe(self.backend)),
             **extra,
         )

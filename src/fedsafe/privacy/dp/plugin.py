@@ -65,25 +65,57 @@ class DPPlugin(Plugin):
         return dim + 1 if self.plan.adaptive else dim
 
     def transform_honest(self, updates: Tensor, ctx: RoundContext, ids: np.ndarray) -> Tensor:
+        """Clip each row to C; add each client's noise (local, distributed) from its own stream
+        ``("dp.client_noise", round, client id)`` under this instance's seed, so that a remote
+        client computes its row alone (``fedsafe.flower``: with its own secret seed)."""
         p = self.plan
         self._honest = frozenset(int(i) for i in ids)
         clipped, norms = clip_updates(updates, self.clip)
-        self._last["clipped_fraction"] = float((norms > self.clip).float().mean())
-        gen = torch_stream(self.seed, "dp.client_noise", ctx.round)
-        if p.placement != "central":
-            clipped = clipped + client_noise(
-                len(ids), updates.shape[1], clip=self.clip, z=p.value_z, placement=p.placement,
-                n_expected=p.noise_shares if p.placement == "distributed" else None,
-                generator=gen, dtype=updates.dtype,
-            )
-        if p.adaptive:
-            bits = (norms <= self.clip).to(updates.dtype)
-            if p.placement == "distributed":
-                # each client's share of the count noise: Σ over n_s shares is N(0, σ_b²)
-                std = p.count_stddev / math.sqrt(p.noise_shares)
-                bits = bits + (torch.randn(len(ids), generator=gen, dtype=updates.dtype) * std).to(bits.device)
-            clipped = torch.cat([clipped, bits.unsqueeze(1)], dim=1)
-        return clipped
+        self._last["clipped_fraction"] = float((norms > self.clip).float().mean()) if len(ids) else 0.0
+        if p.placement == "central" and not p.adaptive:
+            return clipped
+        rows = []
+        for i, cid in enumerate(ids):
+            gen = torch_stream(self.seed, "dp.client_noise", ctx.round, int(cid))
+            row = clipped[i : i + 1]
+            if p.placement != "central":
+                row = row + client_noise(
+                    1, updates.shape[1], clip=self.clip, z=p.value_z, placement=p.placement,
+                    n_expected=p.noise_shares if p.placement == "distributed" else None,
+                    generator=gen, dtype=updates.dtype,
+                ).to(row.device)
+            if p.adaptive:
+                bit = (norms[i : i + 1] <= self.clip).to(updates.dtype)
+                if p.placement == "distributed":
+                    # the client's share of the count noise: Σ over n_s shares is N(0, σ_b²)
+                    std = p.count_stddev / math.sqrt(p.noise_shares)
+                    bit = bit + (torch.randn(1, generator=gen, dtype=updates.dtype) * std).to(bit.device)
+                row = torch.cat([row, bit.unsqueeze(1)], dim=1)
+            rows.append(row)
+        return torch.cat(rows) if rows else updates.new_zeros((0, self.message_dim(updates.shape[1])))
+
+    def client_reports(self) -> dict[str, float]:
+        """Whether the client clipped: only under ``central`` placement, where the server is
+        trusted; under local or distributed noise that bit would leak past the guarantee."""
+        if self.plan.placement != "central":
+            return {}
+        return {"clipped": self._last.get("clipped_fraction", 0.0)}
+
+    def client_state(self) -> dict[str, float]:
+        return {"clip": self.clip}
+
+    def load_client_state(self, state: dict[str, float]) -> None:
+        if "clip" in state:
+            clip = float(state["clip"])
+            if not math.isfinite(clip) or clip <= 0:
+                raise ValueError(f"dp clip norm from the server must be finite and > 0, got {clip}")
+            self.clip = clip
+
+    def observe_honest(self, ctx: RoundContext, ids: np.ndarray, reports: list[dict[str, float]]) -> None:
+        self._honest = frozenset(int(i) for i in ids)
+        clipped = [r["clipped"] for r in reports if "clipped" in r]
+        if clipped:
+            self._last["clipped_fraction"] = float(np.mean(clipped))
 
     def transform_messages(self, messages: list[Message], ctx: RoundContext) -> list[Message]:
         if self.plan.placement != "central":

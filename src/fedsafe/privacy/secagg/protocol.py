@@ -83,6 +83,22 @@ class SecAggProtocol:
         """Per-coordinate bound on |aggregate - mean of clipped updates| for this many survivors' round."""
         return self.config.quantization_error_bound(num_clients)
 
+    def run_parties(self, inputs: dict[int, np.ndarray], ctx: RoundContext, drop_at: dict[int, str]) -> RoundOutcome:
+        """Run the round's parties on ``inputs`` (client id -> float vector): here, in this process
+        (or on Ray actors), over the in-memory transport; ``fedsafe.flower`` runs them on the
+        SuperNodes instead."""
+        randomness = seeded_randomness(self.key_seed, ctx.round) if self.key_seed is not None else None
+        factory = None
+        if self.config.placement == "ray":
+            from fedsafe.privacy.secagg.ray_parties import ray_client_factory
+
+            factory = ray_client_factory()
+        return run_round(
+            inputs, self.config, round_=ctx.round, drop_at=drop_at, randomness=randomness,
+            graph_rng=numpy_stream(ctx.seed, "secagg.graph", ctx.round), client_factory=factory,
+            enrolment=self.enrolment,
+        )
+
     def aggregate(self, messages: list[Message], pipeline: RobustPipeline, ctx: RoundContext) -> Aggregate:
         t_start = time.perf_counter()
         cfg = self.config
@@ -115,17 +131,7 @@ class SecAggProtocol:
                 nonfinite += 1
                 drop_at[cid] = "advertise"
 
-        randomness = seeded_randomness(self.key_seed, ctx.round) if self.key_seed is not None else None
-        factory = None
-        if cfg.placement == "ray":
-            from fedsafe.privacy.secagg.ray_parties import ray_client_factory
-
-            factory = ray_client_factory()
-        out = run_round(
-            inputs, cfg, round_=ctx.round, drop_at=drop_at, randomness=randomness,
-            graph_rng=numpy_stream(ctx.seed, "secagg.graph", ctx.round), client_factory=factory,
-            enrolment=self.enrolment,
-        )
+        out = self.run_parties(inputs, ctx, drop_at)
         self.last_outcome = out
         vector = torch.from_numpy(out.mean()).to(dtype).reshape(shape)
         pipeline.previous = vector  # what pipeline(...) would have remembered

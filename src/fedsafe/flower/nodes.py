@@ -1,0 +1,193 @@
+"""The ServerApp's side of fedsafe's clients on Flower: finding which SuperNode holds which
+client (:class:`Nodes`) and running a round's local work there (:class:`FlowerClientWork`)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fedsafe.core.clients import LocalResult
+from fedsafe.engine.clients import ClientWork
+from fedsafe.flower.records import (
+    CONF,
+    HELLO,
+    METRICS,
+    PARAMS,
+    TRAIN,
+    UPDATE,
+    FlowerError,
+    array_record,
+    config_value,
+    read_tensor,
+)
+
+log = logging.getLogger("fedsafe.flower")
+
+
+class Nodes:
+    """Which Flower node holds which fedsafe client, and one request/reply exchange with them.
+
+    At start-up every connected node is asked which client it holds (its ``partition-id``);
+    the run starts once each of the ``num_clients`` clients is held by exactly one node, and
+    fails after ``wait`` seconds naming the missing ones. A node that replies with an error or
+    not within ``timeout`` seconds has dropped out of that exchange; nodes that connect later
+    (a restarted SuperNode gets a new node id) are asked again before each round.
+    """
+
+    def __init__(self, grid: Any, num_clients: int, *, timeout: float, wait: float) -> None:
+        self.grid = grid
+        self.num_clients = num_clients
+        self.timeout = timeout
+        self.node_of: dict[int, int] = {}
+        self._asked: set[int] = set()
+        self.errors: list[tuple[int, str]] = []  # (client, reason) of replies that were errors
+        deadline = time.monotonic() + wait
+        while True:
+            self.refresh()
+            missing = [c for c in range(num_clients) if c not in self.node_of]
+            if not missing:
+                return
+            if time.monotonic() >= deadline:
+                raise FlowerError(
+                    f"after {wait:g} s, no SuperNode holds fedsafe clients {missing[:10]}"
+                    f"{' …' if len(missing) > 10 else ''} ({len(self.node_of)} of {num_clients} found); start one "
+                    f"SuperNode per client with --node-config \"partition-id=<id> num-partitions={num_clients}\""
+                )
+            time.sleep(0.5)
+
+    def refresh(self) -> None:
+        """Ask the nodes not asked yet which client they hold."""
+        from flwr.app import Message, RecordDict
+
+        new = [n for n in self.grid.get_node_ids() if n not in self._asked]
+        if not new:
+            return
+        msgs = [Message(RecordDict(), dst_node_id=n, message_type=HELLO) for n in new]
+        self._asked.update(new)
+        for reply in self.grid.send_and_receive(msgs, timeout=self.timeout):
+            node = reply.metadata.src_node_id
+            if reply.has_error():
+                self._asked.discard(node)  # ask again next time
+                continue
+            conf = reply.content[CONF]
+            cid = config_value(conf, "client", int, what=f"node {node}'s hello")
+            total = config_value(conf, "clients", int, what=f"node {node}'s hello")
+            if not 0 <= cid < self.num_clients:
+                raise FlowerError(
+                    f"node {node} holds partition-id {cid}, outside this experiment's clients 0..{self.num_clients - 1}"
+                )
+            if total not in (-1, self.num_clients):
+                raise FlowerError(f"node {node} has num-partitions {total}, but clients.num_clients = {self.num_clients}")
+            old = self.node_of.get(cid)
+            if old is not None and old != node and old in set(self.grid.get_node_ids()):
+                raise FlowerError(f"nodes {old} and {node} both hold fedsafe client {cid} (partition-id)")
+            self.node_of[cid] = node
+
+    def send(self, message_type: str, contents: dict[int, Any], *, group: str = "") -> dict[int, Any]:
+        """Send ``contents[client]`` (a RecordDict) to each client's node; the replies' contents
+        by client, without those that failed or did not come in ``timeout`` seconds."""
+        from flwr.app import Message
+
+        msgs, client_of = [], {}
+        for cid, content in contents.items():
+            node = self.node_of[cid]
+            client_of[node] = cid
+            msgs.append(Message(content, dst_node_id=node, message_type=message_type, group_id=group))
+        out: dict[int, Any] = {}
+        if not msgs:
+            return out
+        for reply in self.grid.send_and_receive(msgs, timeout=self.timeout):
+            cid = client_of.get(reply.metadata.src_node_id)
+            if cid is None:
+                continue
+            if reply.has_error():
+                self.errors.append((cid, reply.error.reason))
+                log.warning("fedsafe client %d (node %d) failed: %s", cid, reply.metadata.src_node_id, reply.error.reason)
+                continue
+            out[cid] = reply.content
+        return out
+
+    def ask(self, message_type: str, confs: dict[int, dict[str, Any]]) -> dict[int, Any]:
+        """:meth:`send` with one ConfigRecord (``"fedsafe"``) each way."""
+        from flwr.app import ConfigRecord, RecordDict
+
+        sent = {c: RecordDict({CONF: ConfigRecord(v)}) for c, v in confs.items()}
+        group = str(next(iter(confs.values())).get("round", "")) if confs else ""
+        return {c: content[CONF] for c, content in self.send(message_type, sent, group=group).items()}
+
+
+class FlowerClientWork(ClientWork):
+    """Client work whose clients are Flower SuperNodes running :func:`fedsafe.flower.client_app`.
+
+    The server keeps the same :class:`ClientWork` it would run in process (for ``decode``, the
+    message size and the server optimizer), but ``run`` sends each client a ``train.fedsafe``
+    message with the global model (and, for dsgd, the client's momentum row, which comes back
+    like with Ray, so the server stays the one owner of run state and a run resumes exactly).
+    The nodes run the plugins' client-side transforms themselves (``remote_clients``): the engine
+    then gets each plugin's ``client_reports`` through ``observe_honest``. Under secure
+    aggregation (``secure``) the updates stay on the nodes: the rows returned are zeros (NaN for
+    a client that withheld a non-finite update), and :class:`fedsafe.flower.secagg.FlowerSecAgg`
+    aggregates them with the nodes.
+    """
+
+    execution = "flower"
+    remote_clients = True
+
+    def __init__(self, experiment: Any, backend: Any, data: Any, nodes: Nodes, *, secure: bool) -> None:
+        super().__init__(experiment.clients, backend, data, experiment.seed, zo=experiment.zo)
+        self.nodes = nodes
+        self.secure = secure
+        self._cfg_toml = experiment.to_toml()
+        self.plugins: list[Any] = []  # the server's round plugins, whose client state goes out each round
+
+    def run(self, round_: int, params: Tensor, ids: np.ndarray, momentum: Tensor | None = None, poison: Any = None) -> LocalResult:
+        from flwr.app import ConfigRecord, RecordDict
+
+        self.nodes.refresh()
+        state: dict[str, Any] = {}
+        for p in self.plugins:
+            state.update({f"{p.name}.{k}": float(v) for k, v in p.client_state().items()})
+        if self.inherent is not None:
+            state["inherent_sigma2"] = float(self.inherent[1])
+        contents = {}
+        for row, cid in enumerate(map(int, ids)):
+            if cid not in self.nodes.node_of:
+                continue
+            conf = ConfigRecord({
+                "config": self._cfg_toml, "round": int(round_), "client": cid, "poison": poison is not None,
+                "secagg": self.secure and poison is None, **state,
+            })
+            mom = None if momentum is None else momentum[row : row + 1]
+            contents[cid] = RecordDict({PARAMS: array_record(params=params, momentum=mom), CONF: conf})
+        replies = self.nodes.send(TRAIN, contents, group=str(round_))
+        d, width = params.numel(), self.message_dim(params.numel())
+        updates = params.new_zeros((len(ids), width))
+        losses = params.new_full((len(ids),), float("nan"))
+        new_mom = None if momentum is None else momentum.clone()
+        ok = np.zeros(len(ids), dtype=bool)
+        reports: list[dict[str, float]] = [{} for _ in ids]
+        for row, cid in enumerate(map(int, ids)):
+            content = replies.get(cid)
+            if content is None:
+                continue
+            what = f"client {cid}'s train reply"
+            metrics = content[METRICS]
+            losses[row] = float(config_value(metrics, "loss", float, what=what))
+            arrays = content[UPDATE]
+            if self.secure and poison is None:
+                if not int(metrics.get("finite", 1)):
+                    updates[row] = float("nan")  # withheld: the protocol counts it as non-finite
+            else:
+                updates[row] = read_tensor(arrays, "update", what=what, shape=(1, width))[0].to(params.dtype)
+            if new_mom is not None:
+                new_mom[row] = read_tensor(arrays, "momentum", what=what, shape=(1, d))[0].to(params.dtype)
+            reports[row] = {k: float(metrics[k]) for k in metrics if k not in ("loss", "seconds", "finite")}
+            ok[row] = True
+        return LocalResult(updates, losses, new_mom, survivors=ok, reports=reports)
+
+

@@ -1,0 +1,74 @@
+"""What fedsafe's ServerApp and ClientApp put in Flower messages, and how it is read back.
+
+Every message carries records only: arrays (``ArrayRecord``, numpy), numbers and strings
+(``ConfigRecord``, ``MetricRecord``), and the secure-aggregation parties' wire bytes. Nothing is
+pickled: the experiment travels as its TOML text and is validated again on the node.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+# Message types (Flower routes "<category>.<action>" to the ClientApp function registered for it).
+HELLO = "query.fedsafe_hello"  # which fedsafe client does this node hold?
+TRAIN = "train.fedsafe"  # one round of local work
+SECAGG = "query.fedsafe_secagg"  # one stage of secure aggregation
+
+CONF = "fedsafe"  # the ConfigRecord of every fedsafe message
+PARAMS = "params"  # the ArrayRecord of the global model (flat)
+UPDATE = "update"  # the ArrayRecord of a client's message and its momentum
+METRICS = "metrics"  # the MetricRecord of a reply
+
+# Node config keys, as Flower's simulation sets them and ``flower-supernode --node-config`` takes them.
+PARTITION_ID = "partition-id"
+NUM_PARTITIONS = "num-partitions"
+
+
+class FlowerError(RuntimeError):
+    """A fedsafe run over Flower cannot go on (nodes missing, a malformed reply)."""
+
+
+def to_array(x: Tensor | np.ndarray) -> Any:
+    """A tensor as a Flower ``Array`` (numpy, row-major)."""
+    from flwr.app import Array
+
+    a = x.detach().cpu().numpy() if isinstance(x, Tensor) else np.asarray(x)
+    return Array(np.ascontiguousarray(a))
+
+
+def array_record(**arrays: Tensor | np.ndarray | None) -> Any:
+    """An ``ArrayRecord`` of the given arrays (None values are left out)."""
+    from flwr.app import ArrayRecord
+
+    rec = ArrayRecord()
+    for k, v in arrays.items():
+        if v is not None:
+            rec[k] = to_array(v)
+    return rec
+
+
+def read_tensor(record: Any, key: str, *, what: str, shape: tuple[int, ...] | None = None) -> Tensor:
+    """Array ``key`` of an ``ArrayRecord`` as a float tensor, checked: a finite-or-not float array of
+    ``shape`` (when given). A malformed array raises :class:`FlowerError` naming ``what``."""
+    if key not in record:
+        raise FlowerError(f"{what}: no array {key!r}")
+    a = record[key].numpy()
+    if a.dtype.kind != "f":
+        raise FlowerError(f"{what}: array {key!r} has dtype {a.dtype}, expected a float array")
+    if shape is not None and tuple(a.shape) != shape:
+        raise FlowerError(f"{what}: array {key!r} has shape {tuple(a.shape)}, expected {shape}")
+    return torch.from_numpy(np.array(a, copy=True))
+
+
+def config_value(record: Any, key: str, kind: type | tuple[type, ...], *, what: str) -> Any:
+    """``record[key]``, which must be of ``kind``; else :class:`FlowerError` naming the field."""
+    if key not in record:
+        raise FlowerError(f"{what}: field {key!r} is missing")
+    v = record[key]
+    if not isinstance(v, kind) or (isinstance(v, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,))):
+        raise FlowerError(f"{what}: field {key!r} has type {type(v).__name__}")
+    return v

@@ -1,0 +1,199 @@
+"""Secure aggregation over Flower: fedsafe's own Bonawitz/SecAgg+ parties, talking through Flower
+messages instead of the in-process transport.
+
+The server party (:class:`fedsafe.privacy.secagg.server.ServerParty`) runs in the ServerApp;
+each client party (:class:`fedsafe.privacy.secagg.client.ClientParty`) runs on the SuperNode
+that holds the client's update, which never leaves it unmasked. A stage is one Flower message
+per online client, carrying the bytes the server party addressed to it; the reply carries the
+bytes the client party sends back. A node that does not answer a stage within the timeout (its
+process was killed, its network is gone) is offline from that stage on, exactly as a dropout
+in the in-process protocol: the server recovers the survivors' sum from the other clients'
+shares as long as the threshold holds, and otherwise the round is skipped.
+
+The wire bytes are those of :mod:`fedsafe.privacy.secagg.wire` (decoded and checked by each
+party; nothing is unpickled). Keys and masks come from the OS, on the node (see
+:mod:`fedsafe.flower.client` for how a node keeps its party across Flower's per-message
+processes).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from fedsafe.core.streams import numpy_stream
+from fedsafe.core.types import RoundContext
+from fedsafe.flower.records import CONF, SECAGG, FlowerError, config_value
+from fedsafe.privacy.secagg import crypto
+from fedsafe.privacy.secagg.errors import SecAggError
+from fedsafe.privacy.secagg.protocol import SecAggProtocol
+from fedsafe.privacy.secagg.server import ServerParty
+from fedsafe.privacy.secagg.session import RoundOutcome
+from fedsafe.privacy.secagg.transport import InMemoryTransport
+from fedsafe.privacy.secagg.wire import SERVER
+
+SECRET_BYTES = 32
+
+
+class FlowerSecAgg(SecAggProtocol):
+    """``protocol = "secagg"`` with the client parties on Flower SuperNodes.
+
+    ``nodes`` maps a fedsafe client id to its Flower node id and sends messages
+    (:class:`fedsafe.flower.nodes.Nodes`). The semi-honest variant only: the active one needs a
+    PKI that the nodes and the server both trust, which Flower does not provide (refused at
+    set-up, :func:`check_config`). Emulated dropouts (``secagg.dropout``) still apply on top of
+    the real ones: the server then does not contact the chosen clients from that stage on.
+    """
+
+    def __init__(self, config: Any, nodes: Any) -> None:
+        super().__init__(config)
+        self.nodes = nodes
+
+    def run_parties(self, inputs: dict[int, np.ndarray], ctx: RoundContext, drop_at: dict[int, str]) -> RoundOutcome:
+        cfg = self.config
+        stages = cfg.stages
+        ids = sorted(inputs)
+        dim = next(iter(inputs.values())).size
+        net = InMemoryTransport()
+        server = ServerParty(
+            ids, cfg, dim, net, round_=ctx.round, rand=crypto.OsRandomness(),
+            graph_rng=numpy_stream(ctx.seed, "secagg.graph", ctx.round),
+        )
+        index = {s: i for i, s in enumerate(stages)}
+        offline_from = {c: index[s] for c, s in drop_at.items()}
+        stage_seconds: dict[str, float] = {}
+        client_seconds: dict[str, list[float]] = {s: [] for s in stages}
+        server_seconds = {s: 0.0 for s in stages}
+        rejected: list[str] = []
+        aborted: list[int] = []
+        t_stage = t0 = time.perf_counter()
+        server.start()
+        server_seconds[stages[0]] += time.perf_counter() - t0
+        for i, stage in enumerate(stages):
+            asked: dict[int, list[bytes]] = {}
+            for c in ids:
+                if offline_from.get(c, len(stages)) <= i:
+                    net.discard(c)
+                    continue
+                asked[c] = [payload for _, payload in net.receive(c)]
+            replies = self.nodes.ask(
+                SECAGG, {c: {"round": ctx.round, "client": c, "stage": i, "payloads": p} for c, p in asked.items()},
+            )
+            for c in asked:
+                conf = replies.get(c)
+                if conf is None:  # no answer in time: offline from this stage on
+                    offline_from[c] = i
+                    continue
+                what = f"secure-aggregation reply of client {c}"
+                for payload in config_value(conf, "payloads", list, what=what):
+                    if not isinstance(payload, bytes):
+                        raise FlowerError(f"{what}: payloads must be bytes")
+                    net.send(c, SERVER, payload)
+                client_seconds[stage].append(float(config_value(conf, "seconds", float, what=what)))
+                rejected.extend(str(r) for r in conf.get("rejected", []))
+                if conf.get("abort", ""):
+                    aborted.append(c)
+            t0 = time.perf_counter()
+            server.step()
+            try:
+                server.close_stage()
+            except SecAggError as e:
+                if aborted:
+                    e = SecAggError(f"{str(e).removeprefix('secagg: ')}; clients {sorted(set(aborted))} aborted")
+                raise e from None
+            now = time.perf_counter()
+            server_seconds[stage] += now - t0
+            stage_seconds[stage] = now - t_stage
+            t_stage = now
+        dropped = {s: tuple(sorted(c for c, j in offline_from.items() if j == index[s])) for s in stages}
+        return RoundOutcome(
+            total=server.total, survivors=server.survivors, participants=tuple(ids), bits=cfg.bits,
+            quant_bits=server.quant_bits, clip=float(cfg.clip), threshold=server.threshold, neighbours=server.k,
+            dropped=dropped, aborted_clients=tuple(sorted(set(aborted))), stage_seconds=stage_seconds,
+            client_seconds=client_seconds, server_seconds=server_seconds,
+            bytes_up={c: net.bytes_sent[c] for c in ids}, bytes_down={c: net.bytes_received[c] for c in ids},
+            server_log=list(server.log), rejected=[str(e) for e in server.rejected] + rejected,
+        )
+
+
+def check_config(cfg: Any) -> list[str]:
+    """What of ``cfg`` secure aggregation over Flower cannot run (empty: all of it can)."""
+    problems = []
+    sa = cfg.secagg
+    if sa.adversary == "active":
+        problems.append(
+            "secagg.adversary = 'active' needs a PKI that both the nodes and the server trust (Flower provides none); "
+            "use adversary = 'semi_honest' over Flower"
+        )
+    if sa.placement != "local":
+        problems.append("secagg.placement: over Flower the client parties run on the SuperNodes; leave it 'local'")
+    if cfg.attack.f > 0 and cfg.attack.name != "none":
+        problems.append(
+            f"attack {cfg.attack.name!r}: fedsafe emulates Byzantine clients at the server from the honest updates, "
+            "which secure aggregation hides from it; use attack.f = 0 or attack.name = 'none' with secagg over Flower"
+        )
+    if cfg.audit.enabled:
+        problems.append("audit: canary clients are not supported with secure aggregation over Flower")
+    if cfg.clients.algorithm == "dsgd":
+        problems.append(
+            "clients.algorithm = 'dsgd' keeps a momentum per client, which would reach the server unmasked; "
+            "use fedavg or fedsgd with secagg over Flower"
+        )
+    return problems
+
+
+# --- the node's side ---------------------------------------------------------------------------
+
+
+def client_stage(conf: Any, state: Any, client_id: int, state_key: str, vector_key: str) -> Any:
+    """One stage of the node's client party; returns the reply's ConfigRecord.
+
+    ``state`` is the node's ``Context.state``: ``state_key`` holds the round, the stages done,
+    the party's secret and the server's bytes of each earlier stage; ``vector_key`` the update
+    the train message left there. The party is rebuilt from the secret and the earlier stages
+    are replayed into it (their outputs discarded), then this stage's bytes are handled."""
+    from flwr.app import ConfigRecord
+
+    from fedsafe.privacy.secagg.client import ClientParty
+    from fedsafe.privacy.secagg.ray_parties import RelayTransport
+
+    t0 = time.perf_counter()
+    what = "secure-aggregation message"
+    t = config_value(conf, "round", int, what=what)
+    stage = config_value(conf, "stage", int, what=what)
+    if config_value(conf, "client", int, what=what) != client_id:
+        raise FlowerError(f"{what}: addressed to client {conf['client']}, but this node holds client {client_id}")
+    payloads = config_value(conf, "payloads", list, what=what)
+    if not all(isinstance(p, bytes) for p in payloads):
+        raise FlowerError(f"{what}: payloads must be bytes")
+    st = state.get(state_key)
+    if st is None or vector_key not in state or st["round"] != t:
+        raise FlowerError(f"{what}: this node holds no update for round {t} (did its training fail?)")
+    if stage != st["stages"]:
+        raise FlowerError(f"{what}: stage {stage} out of order, {st['stages']} stages done")
+    if stage == 0:
+        st["secret"] = os.urandom(SECRET_BYTES)
+    vector = state[vector_key]["update"].numpy().astype(np.float64)
+    net = RelayTransport()
+    party = ClientParty(client_id, vector, net, round_=t, rand=crypto.SeededRandomness(st["secret"], f"client/{client_id}"))
+    for k in range(stage):  # replay: the same secret gives the same keys, shares and masks
+        net.inbox = [(SERVER, p) for p in st[f"inbox_{k}"]]
+        party.step()
+        net.outbox = []
+    before = len(party.rejected)
+    net.inbox = [(SERVER, p) for p in payloads]
+    party.step()
+    out = [payload for _, payload in net.outbox]
+    st[f"inbox_{stage}"] = list(payloads)
+    st["stages"] = stage + 1
+    if party.stage in ("done", "aborted"):  # the round is over for this client: forget it
+        state.pop(state_key, None)
+        state.pop(vector_key, None)
+    abort = "" if party.abort_reason is None else str(party.abort_reason)
+    return ConfigRecord({
+        "payloads": out, "seconds": time.perf_counter() - t0,
+        "rejected": [str(e) for e in party.rejected[before:]], "abort": abort,
+    })
