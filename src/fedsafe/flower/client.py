@@ -51,6 +51,7 @@ from fedsafe.flower.records import (
 NOISE_SEEDS = ("secret", "experiment")
 _STATE = "fedsafe.secagg"  # Context.state: the secure-aggregation party of this round
 _VECTOR = "fedsafe.update"  # Context.state: the update kept on the node under secure aggregation
+_MOMENTUM = "fedsafe.momentum"  # Context.state: a dsgd client's momentum under secure aggregation
 
 
 class _Node:
@@ -164,9 +165,13 @@ def client_app(
         node = _node(cfg_toml, model, loss)
         arrays = msg.content[PARAMS]
         params = read_tensor(arrays, "params", what=what, shape=(node.dim,))
+        secure = bool(config_value(conf, "secagg", bool, what=what))
         momentum = None
         if "momentum" in arrays:
             momentum = read_tensor(arrays, "momentum", what=what, shape=(1, node.dim))
+        elif secure and node.work.keeps_momentum:  # kept here, never sent (see FlowerClientWork)
+            kept = context.state.get(_MOMENTUM)
+            momentum = torch.zeros(1, node.dim) if kept is None else read_tensor(kept, "momentum", what="node state", shape=(1, node.dim))
         poisoned = bool(config_value(conf, "poison", bool, what=what))
         if poisoned and node.poison is None:
             raise FlowerError(f"{what}: asks for poisoned training, but attack {node.cfg.attack.name!r} poisons no data")
@@ -189,7 +194,6 @@ def client_app(
                 reports.update(p.client_reports())
         metrics = MetricRecord({"loss": float(res.losses[0]), "seconds": time.perf_counter() - t0, **reports})
         content = RecordDict({METRICS: metrics})
-        secure = bool(config_value(conf, "secagg", bool, what=what))
         finite = bool(torch.isfinite(update).all())
         metrics["finite"] = int(finite)
         if secure:  # the update stays here, for the secure-aggregation stages that follow
@@ -198,7 +202,9 @@ def client_app(
             if finite:
                 context.state[_VECTOR] = array_record(update=update[0])
                 context.state[_STATE] = ConfigRecord({"round": t, "stages": 0})
-            content[UPDATE] = array_record(momentum=None if res.momentum is None else res.momentum)
+            if res.momentum is not None:
+                context.state[_MOMENTUM] = array_record(momentum=res.momentum)
+            content[UPDATE] = array_record()
         else:
             content[UPDATE] = array_record(update=update, momentum=res.momentum)
         return Message(content, reply_to=msg)

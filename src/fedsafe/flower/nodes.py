@@ -132,7 +132,9 @@ class FlowerClientWork(ClientWork):
     then gets each plugin's ``client_reports`` through ``observe_honest``. Under secure
     aggregation (``secure``) the updates stay on the nodes: the rows returned are zeros (NaN for
     a client that withheld a non-finite update), and :class:`fedsafe.flower.secagg.FlowerSecAgg`
-    aggregates them with the nodes.
+    aggregates them with the nodes; so does a dsgd client's momentum (which is its message), in
+    the node's ``Context.state``: the server's checkpoint then does not hold it, and a run resumed
+    in a new Flower run restarts the nodes' momentum from zero.
     """
 
     execution = "flower"
@@ -162,10 +164,13 @@ class FlowerClientWork(ClientWork):
                 "config": self._cfg_toml, "round": int(round_), "client": cid, "poison": poison is not None,
                 "secagg": self.secure and poison is None, **state,
             })
-            mom = None if momentum is None else momentum[row : row + 1]
+            # under secure aggregation a client's momentum (dsgd's message itself) stays on its node
+            mom = None if momentum is None or conf["secagg"] else momentum[row : row + 1]
             contents[cid] = RecordDict({PARAMS: array_record(params=params, momentum=mom), CONF: conf})
         replies = self.nodes.send(TRAIN, contents, group=str(round_))
         d, width = params.numel(), self.message_dim(params.numel())
+        for p in self.plugins:  # after the client-side transforms (DP's adaptive bit)
+            width = p.message_dim(width)
         updates = params.new_zeros((len(ids), width))
         losses = params.new_full((len(ids),), float("nan"))
         new_mom = None if momentum is None else momentum.clone()
@@ -184,7 +189,7 @@ class FlowerClientWork(ClientWork):
                     updates[row] = float("nan")  # withheld: the protocol counts it as non-finite
             else:
                 updates[row] = read_tensor(arrays, "update", what=what, shape=(1, width))[0].to(params.dtype)
-            if new_mom is not None:
+            if new_mom is not None and not (self.secure and poison is None):
                 new_mom[row] = read_tensor(arrays, "momentum", what=what, shape=(1, d))[0].to(params.dtype)
             reports[row] = {k: float(metrics[k]) for k in metrics if k not in ("loss", "seconds", "finite")}
             ok[row] = True

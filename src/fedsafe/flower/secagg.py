@@ -137,11 +137,6 @@ def check_config(cfg: Any) -> list[str]:
         )
     if cfg.audit.enabled:
         problems.append("audit: canary clients are not supported with secure aggregation over Flower")
-    if cfg.clients.algorithm == "dsgd":
-        problems.append(
-            "clients.algorithm = 'dsgd' keeps a momentum per client, which would reach the server unmasked; "
-            "use fedavg or fedsgd with secagg over Flower"
-        )
     return problems
 
 

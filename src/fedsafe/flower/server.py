@@ -33,23 +33,23 @@ PROTOCOLS = ("plain", "secagg")
 
 
 def check_config(cfg: ExperimentConfig) -> None:
-    """Refuse, before any node is contacted, what fedsafe cannot run over Flower."""
+    """Refuse, before any node is contacted, what fedsafe cannot run over Flower (in the base
+    experiment or any of its variants)."""
+    from fedsafe.config import variant_config
     from fedsafe.flower.secagg import check_config as secagg_problems
 
     problems = []
-    if cfg.protocol not in PROTOCOLS:
-        problems.append(
-            f"protocol = {cfg.protocol!r}: over Flower fedsafe runs {' and '.join(map(repr, PROTOCOLS))}; "
-            "HE and the TEE still run in fedsafe's own engine"
-        )
-    if cfg.protocol == "secagg":
-        problems.extend(secagg_problems(cfg))
-    for name in cfg.variants:
-        from fedsafe.config import variant_config
-
-        v = variant_config(cfg, name)
-        if v.clients.num_clients != cfg.clients.num_clients:
-            problems.append(f"variants.{name}: every variant must keep clients.num_clients (one SuperNode per client)")
+    jobs = [("", cfg)] + [(f"variants.{name}: ", variant_config(cfg, name)) for name in cfg.variants]
+    for where, job in jobs:
+        if job.protocol not in PROTOCOLS:
+            problems.append(
+                f"{where}protocol = {job.protocol!r}: over Flower fedsafe runs {' and '.join(map(repr, PROTOCOLS))}; "
+                "HE and the TEE still run in fedsafe's own engine"
+            )
+        if job.protocol == "secagg":
+            problems.extend(where + p for p in secagg_problems(job))
+        if job.clients.num_clients != cfg.clients.num_clients:
+            problems.append(f"{where}every variant must keep clients.num_clients (one SuperNode per client)")
     if problems:
         raise ConfigError(problems)
 
@@ -68,10 +68,8 @@ def run_over_flower(
 ) -> dict[str, dict[str, Any]]:
     """Run ``cfg`` (every variant) with the SuperNodes of ``grid`` as its clients; the run
     directory ``out_dir`` is the same as ``fedsafe run``'s. Returns the summaries by job name."""
-    from fedsafe.engine.federation import Federation
     from fedsafe.engine.run import run_experiment
-    from fedsafe.flower.nodes import FlowerClientWork, Nodes
-    from fedsafe.flower.secagg import FlowerSecAgg
+    from fedsafe.flower.nodes import Nodes
 
     for name, value in (("timeout", timeout), ("wait", wait)):
         if not value > 0:
@@ -80,16 +78,28 @@ def run_over_flower(
     nodes = Nodes(grid, cfg.clients.num_clients, timeout=timeout, wait=wait)
 
     def make(job_cfg: ExperimentConfig, job_dir: Path) -> Federation:
-        secure = job_cfg.protocol == "secagg"
-        fed = Federation(
-            job_cfg, out_dir=job_dir, model=model, loss=loss,
-            client_work=lambda c, backend, data: FlowerClientWork(c, backend, data, nodes, secure=secure),
-            protocol=FlowerSecAgg(job_cfg.secagg, nodes) if secure else None,
-        )
-        fed.work.plugins = fed.plugins
-        return fed
+        return flower_federation(job_cfg, nodes, out_dir=job_dir, model=model, loss=loss)
 
     return run_experiment(cfg, Path(out_dir), resume=resume, overwrite=overwrite and not resume, quiet=True, federation=make)
+
+
+def flower_federation(
+    cfg: ExperimentConfig, nodes: Any, *, out_dir: Path | None = None, model: Any = None, loss: Any = None
+) -> Any:
+    """The engine's :class:`~fedsafe.engine.federation.Federation` for one job of ``cfg`` (no
+    variants), with the clients of ``nodes`` (:class:`~fedsafe.flower.nodes.Nodes`)."""
+    from fedsafe.engine.federation import Federation
+    from fedsafe.flower.nodes import FlowerClientWork
+    from fedsafe.flower.secagg import FlowerSecAgg
+
+    secure = cfg.protocol == "secagg"
+    fed = Federation(
+        cfg, out_dir=out_dir, model=model, loss=loss,
+        client_work=lambda c, backend, data: FlowerClientWork(c, backend, data, nodes, secure=secure),
+        protocol=FlowerSecAgg(cfg.secagg, nodes) if secure else None,
+    )
+    fed.work.plugins = fed.plugins
+    return fed
 
 
 def _config(config: Any, run_config: Mapping[str, Any], overrides: Sequence[str]) -> ExperimentConfig:
@@ -148,4 +158,4 @@ def server_app(
     return app
 
 
-__all__ = ["FlowerError", "check_config", "run_over_flower", "server_app"]
+__all__ = ["FlowerError", "check_config", "flower_federation", "run_over_flower", "server_app"]
