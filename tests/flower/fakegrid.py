@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
+from uuid import uuid4
 
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
@@ -46,6 +47,7 @@ class FakeGrid:
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
         out = []
         for msg in messages:
+            msg.metadata.__dict__["_message_id"] = str(uuid4())  # as a grid does on push
             self.sent.append(msg)
             node = msg.metadata.dst_node_id
             for k, (n, when) in enumerate(list(self.kill_when)):

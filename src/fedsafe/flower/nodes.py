@@ -67,13 +67,12 @@ class Nodes:
         new = [n for n in self.grid.get_node_ids() if n not in self._asked]
         if not new:
             return
-        msgs = [Message(RecordDict(), dst_node_id=n, message_type=HELLO) for n in new]
-        self._asked.update(new)
-        for reply in self.grid.send_and_receive(msgs, timeout=self.timeout):
-            node = reply.metadata.src_node_id
+        msgs = {n: Message(RecordDict(), dst_node_id=n, message_type=HELLO) for n in new}
+        replies = _replies(self.grid, msgs, self.timeout)
+        for node, reply in replies.items():
             if reply.has_error():
-                self._asked.discard(node)  # ask again next time
-                continue
+                continue  # asked again next time
+            self._asked.add(node)
             conf = reply.content[CONF]
             cid = config_value(conf, "client", int, what=f"node {node}'s hello")
             total = config_value(conf, "clients", int, what=f"node {node}'s hello")
@@ -93,21 +92,15 @@ class Nodes:
         by client, without those that failed or did not come in ``timeout`` seconds."""
         from flwr.app import Message
 
-        msgs, client_of = [], {}
-        for cid, content in contents.items():
-            node = self.node_of[cid]
-            client_of[node] = cid
-            msgs.append(Message(content, dst_node_id=node, message_type=message_type, group_id=group))
+        msgs = {
+            cid: Message(content, dst_node_id=self.node_of[cid], message_type=message_type, group_id=group)
+            for cid, content in contents.items()
+        }
         out: dict[int, Any] = {}
-        if not msgs:
-            return out
-        for reply in self.grid.send_and_receive(msgs, timeout=self.timeout):
-            cid = client_of.get(reply.metadata.src_node_id)
-            if cid is None:
-                continue
-            if reply.has_error():
+        for cid, reply in _replies(self.grid, msgs, self.timeout).items():
+            if reply.has_error():  # the ClientApp raised, or the SuperLink found the node offline
                 self.errors.append((cid, reply.error.reason))
-                log.warning("fedsafe client %d (node %d) failed: %s", cid, reply.metadata.src_node_id, reply.error.reason)
+                log.warning("fedsafe client %d (node %d) failed: %s", cid, self.node_of[cid], reply.error.reason)
                 continue
             out[cid] = reply.content
         return out
@@ -119,6 +112,22 @@ class Nodes:
         sent = {c: RecordDict({CONF: ConfigRecord(v)}) for c, v in confs.items()}
         group = str(next(iter(confs.values())).get("round", "")) if confs else ""
         return {c: content[CONF] for c, content in self.send(message_type, sent, group=group).items()}
+
+
+def _replies(grid: Any, msgs: dict[int, Any], timeout: float) -> dict[int, Any]:
+    """Send ``msgs`` (by key) and wait; the replies by the key of the message each answers.
+    Replies are matched on ``reply_to_message_id`` (the grid sets each message's id as it
+    pushes it): an error reply for an offline node comes from the SuperLink, not the node."""
+    if not msgs:
+        return {}
+    replies = list(grid.send_and_receive(list(msgs.values()), timeout=timeout))
+    key_of = {m.metadata.message_id: k for k, m in msgs.items()}
+    out = {}
+    for reply in replies:
+        k = key_of.get(reply.metadata.reply_to_message_id)
+        if k is not None:
+            out[k] = reply
+    return out
 
 
 class FlowerClientWork(ClientWork):

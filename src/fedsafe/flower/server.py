@@ -12,7 +12,8 @@ Flower gives the model fedsafe's own engine gives (tested, for ``noise_seed = "e
 where DP noise is drawn on the clients).
 
 The experiment comes from ``server_app(config=...)`` or from the run config: ``fedsafe-config``
-(a TOML path; relative paths are read from the working directory of the ServerApp process),
+(a TOML path; a relative one is read from the ServerApp's working directory, else from
+``app_dir``),
 ``fedsafe-set`` (``;``-separated ``section.key=value`` overrides), ``fedsafe-out`` (the run
 directory, default ``runs/flower``), ``fedsafe-timeout`` (seconds the server waits for the
 nodes' replies to one message, default 120) and ``fedsafe-wait`` (seconds to wait for every
@@ -102,16 +103,20 @@ def flower_federation(
     return fed
 
 
-def _config(config: Any, run_config: Mapping[str, Any], overrides: Sequence[str]) -> ExperimentConfig:
+def _config(
+    config: Any, run_config: Mapping[str, Any], overrides: Sequence[str], app_dir: Path | None
+) -> ExperimentConfig:
     from fedsafe.api import _raw_config
 
     if config is None:
         path = run_config.get("fedsafe-config")
-        if path is None:
+        if path is None or not str(path):
             raise ConfigError([
                 "no experiment: pass server_app(config=...) or set the run config's fedsafe-config to a TOML path"
             ])
         config = Path(str(path))
+        if not config.is_absolute() and app_dir is not None and not config.is_file():
+            config = app_dir / config
     raw = _raw_config(config)
     items = list(overrides)
     extra = str(run_config.get("fedsafe-set", "")).strip()
@@ -133,13 +138,16 @@ def server_app(
     out_dir: str | Path | None = None,
     model: Any = None,
     loss: Any = None,
+    app_dir: str | Path | None = None,
 ) -> Any:
     """fedsafe's Flower ``ServerApp`` running an experiment (see the module docstring).
 
     ``config``: a TOML path, a dict or an ExperimentConfig (None: the run config's
     ``fedsafe-config``); ``overrides``: ``section.key=value`` items; ``out_dir``: the run
     directory (None: the run config's ``fedsafe-out``, else ``runs/flower``); ``model``/``loss``:
-    your own ``nn.Module`` and loss (give the ClientApp the same ones).
+    your own ``nn.Module`` and loss (give the ClientApp the same ones); ``app_dir``: where a
+    relative ``fedsafe-config`` is found when it is not in the working directory (your app's
+    directory: ``Path(__file__).parent``).
     """
     from flwr.serverapp import ServerApp
 
@@ -148,7 +156,7 @@ def server_app(
     @app.main()
     def main(grid: Any, context: Any) -> None:
         rc = context.run_config
-        cfg = _config(config, rc, overrides)
+        cfg = _config(config, rc, overrides, None if app_dir is None else Path(app_dir))
         out = Path(out_dir if out_dir is not None else str(rc.get("fedsafe-out", DEFAULT_OUT)))
         run_over_flower(
             cfg, grid, out, model=model, loss=loss,

@@ -1,0 +1,1 @@
+"""fedsafe as a Flower app."""
