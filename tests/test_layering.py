@@ -28,6 +28,7 @@ LAYERS: dict[str, int] = {
     "fedsafe.api": 5,
     "fedsafe.cli": 5,
     "fedsafe.__main__": 5,
+    "fedsafe.flower": 5,
 }
 
 

@@ -97,7 +97,7 @@ def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _raw_config(config: Any) -> dict[str, Any]:
+def raw_config(config: Any) -> dict[str, Any]:
     if config is None:
         return {}
     if isinstance(config, ExperimentConfig):
@@ -147,7 +147,7 @@ class Experiment:
             sections, data = {**sections, "data": data}, None
         if isinstance(model, Mapping):
             sections, model = {**sections, "model": model}, None
-        raw = _merge(_raw_config(config), sections)
+        raw = _merge(raw_config(config), sections)
         if overrides:
             raw = apply_overrides(raw, dict(overrides))
         given = isinstance(data, FederatedDataset) and data.num_clients or (len(client_indices) if client_indices is not None else None)
@@ -336,7 +336,7 @@ def sweep(
     bad = [k for k, v in grid.items() if isinstance(v, (str, bytes)) or not isinstance(v, Sequence) or not v]
     if bad:
         raise ValueError(f"sweep: grid values must be non-empty lists; check {', '.join(bad)}")
-    raw = _merge(_raw_config(config), sections)
+    raw = _merge(raw_config(config), sections)
     if overrides:
         raw = apply_overrides(raw, dict(overrides))
     return run_sweep(raw, {k: list(v) for k, v in grid.items()}, Path(out_dir), jobs=jobs, seeds=seeds)

@@ -72,3 +72,49 @@ def config_value(record: Any, key: str, kind: type | tuple[type, ...], *, what: 
     if not isinstance(v, kind) or (isinstance(v, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,))):
         raise FlowerError(f"{what}: field {key!r} has type {type(v).__name__}")
     return v
+
+
+def flatten_arrays(record: Any) -> tuple[Tensor, list[tuple[str, tuple[int, ...], np.dtype]]]:
+    """The floating-point arrays of an ``ArrayRecord`` (a model) as one flat float tensor, and
+    the layout ``[(key, shape, dtype)]`` of every array (float or not) in record order. The flat
+    dtype is float64 if any array is, else float32."""
+    layout, parts = [], []
+    for key, arr in record.items():
+        a = arr.numpy()
+        layout.append((key, tuple(a.shape), a.dtype))
+        if a.dtype.kind == "f":
+            parts.append(np.asarray(a).reshape(-1))
+    dtype = np.float64 if any(p.dtype == np.float64 for p in parts) else np.float32
+    flat = np.concatenate([p.astype(dtype) for p in parts]) if parts else np.zeros(0, dtype)
+    return torch.from_numpy(flat), layout
+
+
+def unflatten_arrays(flat: Tensor, template: Any) -> Any:
+    """An ``ArrayRecord`` like ``template`` whose float arrays are read, in order, from ``flat``;
+    other arrays (integer counters such as BatchNorm's) are copied from ``template``."""
+    from flwr.app import Array, ArrayRecord
+
+    values = flat.detach().cpu().numpy()
+    out, at = ArrayRecord(), 0
+    for key, arr in template.items():
+        a = arr.numpy()
+        if a.dtype.kind == "f":
+            out[key] = Array(values[at : at + a.size].reshape(a.shape).astype(a.dtype))
+            at += a.size
+        else:
+            out[key] = Array(np.array(a, copy=True))
+    if at != values.size:
+        raise FlowerError(f"{values.size} values for {at} floating-point model coordinates")
+    return out
+
+
+def check_like(record: Any, layout: list[tuple[str, tuple[int, ...], np.dtype]], *, what: str) -> None:
+    """``record`` must hold the same arrays as ``layout`` (keys, order, shapes, float or not)."""
+    keys = list(record.keys())
+    if keys != [k for k, _, _ in layout]:
+        raise FlowerError(f"{what}: arrays {keys[:5]} do not match the global model's {[k for k, _, _ in layout][:5]}")
+    for key, shape, dtype in layout:
+        a = record[key].numpy()
+        if tuple(a.shape) != shape or (a.dtype.kind == "f") != (np.dtype(dtype).kind == "f"):
+            raise FlowerError(f"{what}: array {key!r} has shape {tuple(a.shape)} and dtype {a.dtype}, "
+                              f"the global model's has {shape} and {np.dtype(dtype)}")

@@ -106,7 +106,7 @@ def flower_federation(
 def _config(
     config: Any, run_config: Mapping[str, Any], overrides: Sequence[str], app_dir: Path | None
 ) -> ExperimentConfig:
-    from fedsafe.api import _raw_config
+    from fedsafe.api import raw_config
 
     if config is None:
         path = run_config.get("fedsafe-config")
@@ -117,7 +117,7 @@ def _config(
         config = Path(str(path))
         if not config.is_absolute() and app_dir is not None and not config.is_file():
             config = app_dir / config
-    raw = _raw_config(config)
+    raw = raw_config(config)
     items = list(overrides)
     extra = str(run_config.get("fedsafe-set", "")).strip()
     items += [s for s in (part.strip() for part in extra.split(";")) if s]

@@ -1,0 +1,1 @@
+"""A Flower project on scikit-learn's digits, with fedsafe's strategy."""
