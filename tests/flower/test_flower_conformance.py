@@ -122,3 +122,19 @@ def test_bulyan_selects_by_one_shot_multi_krum_and_empties_its_input(rows: np.nd
     before = torch.from_numpy(rows.copy())
     AGGREGATORS.get("bulyan", {})(before, f=f)
     assert torch.equal(before, torch.from_numpy(rows))  # fedsafe leaves its input alone
+
+
+def test_secagg_masks_flower_folds_the_seed_to_32_bits_fedsafe_does_not() -> None:
+    """Flower's SecAgg+ expands each pairwise mask with numpy's Mersenne Twister seeded by the
+    XOR of the 32-byte secret's 4-byte words: two secrets with the same fold give the same mask,
+    so a mask has at most 2^32 values. fedsafe expands the whole secret (AES-CTR keyed by it)."""
+    from flwr.common.secure_aggregation.secaggplus_utils import pseudo_rand_gen
+
+    from fedsafe.privacy.secagg.crypto import expand_mask
+
+    a = bytes(np.random.default_rng(2).integers(0, 256, 32, dtype=np.uint8))
+    flip = bytes([1, 2, 3, 4])
+    b = bytes(x ^ flip[i % 4] for i, x in enumerate(a[:8])) + a[8:]  # same 32-bit fold, other secret
+    assert a != b
+    np.testing.assert_array_equal(pseudo_rand_gen(a, 1 << 30, [(1000,)])[0], pseudo_rand_gen(b, 1 << 30, [(1000,)])[0])
+    assert not np.array_equal(expand_mask(a, 1000, np.dtype(np.uint32)), expand_mask(b, 1000, np.dtype(np.uint32)))
