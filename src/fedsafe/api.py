@@ -98,6 +98,8 @@ def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def raw_config(config: Any) -> dict[str, Any]:
+    """The raw (unvalidated) dict of an experiment given as None (the defaults), an
+    ExperimentConfig, a TOML path or a mapping; ConfigError for a missing file."""
     if config is None:
         return {}
     if isinstance(config, ExperimentConfig):

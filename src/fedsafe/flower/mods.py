@@ -27,6 +27,8 @@ from fedsafe.flower.records import FlowerError, check_like, flatten_arrays, unfl
 
 
 def dp_mod(msg: Any, context: Any, call_next: Any) -> Any:
+    """A Flower mod: run the ClientApp's train function, then clip and noise its update on this
+    node as FedsafeStrategy's ``local``/``distributed`` DP asks (see the module docstring)."""
     from flwr.app import MessageType, MetricRecord
 
     from fedsafe.config import parse_toml, validate
