@@ -26,7 +26,7 @@ SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py"))
 OUT_DIR_JSON = {"tee_offload.py": "tee_offload.json"}
 
 # Optional extras a script needs; without them the script is skipped, saying which.
-NEEDS = {"ray_scaling.py": "ray", "he_hts.py": "tenseal"}
+NEEDS = {"ray_scaling.py": "ray", "he_hts.py": "tenseal", "flower_overhead.py": "flwr"}
 
 
 def run_quick(script: str, tmp: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
@@ -47,8 +47,8 @@ def run_quick(script: str, tmp: Path) -> tuple[subprocess.CompletedProcess[str],
 
 def test_the_folder_holds_the_known_benchmarks() -> None:
     # The glob is what keeps new scripts covered; make sure it sees the folder at all.
-    assert {"aggregators.py", "engine_vs_reference.py", "he_hts.py", "ray_scaling.py", "secagg.py",
-            "tee_offload.py", "zo_forward.py"} <= set(SCRIPTS)
+    assert {"aggregators.py", "engine_vs_reference.py", "flower_overhead.py", "he_hts.py", "ray_scaling.py",
+            "secagg.py", "tee_offload.py", "zo_forward.py"} <= set(SCRIPTS)
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

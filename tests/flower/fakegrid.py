@@ -30,8 +30,15 @@ class FakeGrid:
         self.sent: list[Message] = []
         self.replies: list[Message] = []
 
+    def add_node(self, partition: int, num_partitions: int) -> int:
+        """A new SuperNode (a restarted one gets a new node id) holding ``partition``."""
+        node = max(self.nodes) + 1
+        self.nodes[node] = Context(run_id=1, node_id=node, node_config={"partition-id": partition,
+                                   "num-partitions": num_partitions}, state=RecordDict(), run_config={})
+        return node
+
     def node_of(self, client: int) -> int:
-        return next(n for n, c in self.nodes.items() if c.node_config["partition-id"] == client)
+        return next(n for n, c in self.nodes.items() if c.node_config["partition-id"] == client and n not in self.dead)
 
     def kill(self, client: int, when: Any = None) -> None:
         """Kill ``client``'s node now, or when ``when(message)`` first holds for a message to it."""

@@ -77,6 +77,26 @@ def test_flower_run_equals_fedsafe_engine(case: str, tmp_path: Path) -> None:
     assert summary["execution"] == "flower"
 
 
+class _Forgetful(dict):
+    """A process that keeps no party between messages, as a deployed SuperNode's."""
+
+    def __setitem__(self, key, value) -> None:
+        return None
+
+
+def test_secure_aggregation_replayed_parties_give_the_same_model(tmp_path: Path, monkeypatch) -> None:
+    """With a fresh process per message the node rebuilds its party from its secret and replays
+    the earlier stages: the model is still the engine's, bit for bit."""
+    import fedsafe.flower.secagg as secagg
+
+    monkeypatch.setattr(secagg, "_PARTIES", _Forgetful())
+    cfg = validate(_merge(BASE, CASES["secagg_distributed_dp"]))
+    run_over_flower(cfg, FakeGrid(client_app(noise_seed="experiment"), 5), tmp_path / "flower", timeout=5, wait=5)
+    run_experiment(cfg, tmp_path / "engine", overwrite=True, quiet=True)
+    a, b = torch.load(tmp_path / "flower" / "model.pt"), torch.load(tmp_path / "engine" / "model.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_secure_aggregation_never_sends_an_update_to_the_server(tmp_path: Path) -> None:
     cfg = validate(_merge(BASE, CASES["secagg_distributed_dp"]))
     grid = FakeGrid(client_app(), 5)
@@ -153,6 +173,49 @@ def test_a_node_that_dies_before_training_is_a_dropout(tmp_path: Path) -> None:
     run_over_flower(cfg, grid, tmp_path, timeout=5, wait=5)
     rows = _rows(tmp_path)
     assert rows[0]["dropouts"] == 0 and rows[1]["dropouts"] == 1 and "skipped" not in rows[1]
+
+
+def test_a_restarted_supernode_takes_its_client_back(tmp_path: Path) -> None:
+    """Client 2's node dies in round 2; a new SuperNode (new node id, same partition-id) comes
+    up: from round 3 on client 2 trains again on it."""
+    cfg = validate(_merge(BASE, {"rounds": 3}))
+    grid = FakeGrid(client_app(), 5)
+
+    def dies(msg) -> bool:
+        if msg.metadata.message_type == TRAIN and msg.content["fedsafe"]["round"] == 2:
+            grid.add_node(2, 5)  # the replacement connects while the old node is still listed
+            return True
+        return False
+
+    grid.kill(2, dies)
+    run_over_flower(cfg, grid, tmp_path, timeout=5, wait=5)
+    assert [r["dropouts"] for r in _rows(tmp_path)] == [0, 1, 0]
+
+
+class _Crash(Exception):
+    pass
+
+
+def test_a_crashed_server_resumes_to_the_same_model(tmp_path: Path) -> None:
+    """The ServerApp dies in round 3 (after round 2's checkpoint); run again with resume, over
+    fresh nodes, it ends with the model of an uninterrupted run."""
+    cfg = validate(_merge(BASE, {"rounds": 4, "checkpoint_every": 1, "robust": {"rule": "median"}}))
+    run_over_flower(cfg, FakeGrid(client_app(), 5), tmp_path / "whole", timeout=5, wait=5)
+
+    grid = FakeGrid(client_app(), 5)
+
+    def crash(msg) -> bool:
+        if msg.metadata.message_type == TRAIN and msg.content["fedsafe"]["round"] == 3:
+            raise _Crash
+        return False
+
+    grid.kill(0, crash)
+    with pytest.raises(_Crash):
+        run_over_flower(cfg, grid, tmp_path / "resumed", timeout=5, wait=5)
+    run_over_flower(cfg, FakeGrid(client_app(), 5), tmp_path / "resumed", timeout=5, wait=5, resume=True)
+    a, b = torch.load(tmp_path / "whole" / "model.pt"), torch.load(tmp_path / "resumed" / "model.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["round"] for r in _rows(tmp_path / "resumed")] == [1, 2, 3, 4]
 
 
 # --- refusals ------------------------------------------------------------------------------------

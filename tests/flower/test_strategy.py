@@ -110,6 +110,24 @@ def test_central_dp_accounts_as_fedsafe_engine(digits, tmp_path: Path) -> None:
     assert summary["dp_placement"] == "central" and summary["rounds"] == 3
 
 
+@pytest.mark.parametrize("placement", ["central", "distributed"])
+def test_adaptive_clipping_moves_the_clip_norm(digits, placement: str) -> None:
+    """Adaptive clipping (Andrew et al.): the clip norm follows the noised fraction of unclipped
+    updates; under distributed placement each client's dp_mod sends its noised clipping bit."""
+    from fedsafe.flower import FedsafeStrategy
+
+    client, _, _ = digits
+    exp = {"clients": {"num_clients": 4}, "robust": {"rule": "mean"},
+           "dp": {"enabled": True, "placement": placement, "noise_multiplier": 0.8, "clip": 0.05, "adaptive": True,
+                  "count_stddev": 1.0, "accountant": "rdp"}}
+    strategy = FedsafeStrategy(exp)
+    _, _, final = _start(strategy, client.app, rounds=3)
+    rows = strategy.rows
+    assert all("skipped" not in r and r["excluded_unprotected"] == 0 for r in rows)
+    assert rows[-1]["clip"] > 0.05  # the updates are far longer than 0.05: the norm grows
+    assert all("noised_unclipped_fraction" in r for r in rows) and bool(torch.isfinite(final).all())
+
+
 def test_local_dp_needs_the_clients_dp_mod(digits) -> None:
     """A reply without dp_mod's mark is refused: no update reaches the aggregate unnoised."""
     from fedsafe.flower import FedsafeStrategy

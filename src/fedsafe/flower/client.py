@@ -20,7 +20,9 @@ three messages from fedsafe's ServerApp (:mod:`fedsafe.flower.server`):
   in ``Context.state``, which never leaves the SuperNode, and the messages of the earlier
   stages are replayed into it (their outputs were already sent and are discarded). Replaying
   is deterministic, so the party is the same party at every stage; the price is that the
-  earlier stages' client-side work is redone (at most one masking per round).
+  earlier stages' client-side work is redone (at most one masking per round). Where one
+  process handles a node's successive messages (Flower's simulation), it keeps the party
+  instead.
 
 The experiment arrives as TOML text and is validated on the node; the node loads its own
 partition of the configured dataset.

@@ -34,9 +34,10 @@ class Nodes:
 
     At start-up every connected node is asked which client it holds (its ``partition-id``);
     the run starts once each of the ``num_clients`` clients is held by exactly one node, and
-    fails after ``wait`` seconds naming the missing ones. A node that replies with an error or
-    not within ``timeout`` seconds has dropped out of that exchange; nodes that connect later
-    (a restarted SuperNode gets a new node id) are asked again before each round.
+    fails after ``wait`` seconds naming the missing ones (and two nodes holding one client fail
+    it). A node that replies with an error or not within ``timeout`` seconds has dropped out of
+    that exchange; nodes that connect later are asked before each round, and one holding a
+    client already known (a restarted SuperNode gets a new node id) takes over that client.
     """
 
     def __init__(self, grid: Any, num_clients: int, *, timeout: float, wait: float) -> None:
@@ -46,11 +47,13 @@ class Nodes:
         self.node_of: dict[int, int] = {}
         self._asked: set[int] = set()
         self.errors: list[tuple[int, str]] = []  # (client, reason) of replies that were errors
+        self._started = False
         deadline = time.monotonic() + wait
         while True:
             self.refresh()
             missing = [c for c in range(num_clients) if c not in self.node_of]
             if not missing:
+                self._started = True
                 return
             if time.monotonic() >= deadline:
                 raise FlowerError(
@@ -83,8 +86,11 @@ class Nodes:
             if total not in (-1, self.num_clients):
                 raise FlowerError(f"node {node} has num-partitions {total}, but clients.num_clients = {self.num_clients}")
             old = self.node_of.get(cid)
-            if old is not None and old != node and old in set(self.grid.get_node_ids()):
-                raise FlowerError(f"nodes {old} and {node} both hold fedsafe client {cid} (partition-id)")
+            if old is not None and old != node:
+                if not self._started and old in set(self.grid.get_node_ids()):
+                    raise FlowerError(f"nodes {old} and {node} both hold fedsafe client {cid} (partition-id)")
+                # during the run: a restarted SuperNode (a new node id); the old one is gone or going
+                log.warning("fedsafe client %d moves from node %d to node %d", cid, old, node)
             self.node_of[cid] = node
 
     def send(self, message_type: str, contents: dict[int, Any], *, group: str = "") -> dict[int, Any]:

@@ -16,8 +16,10 @@ The experiment comes from ``server_app(config=...)`` or from the run config: ``f
 ``app_dir``),
 ``fedsafe-set`` (``;``-separated ``section.key=value`` overrides), ``fedsafe-out`` (the run
 directory, default ``runs/flower``), ``fedsafe-timeout`` (seconds the server waits for the
-nodes' replies to one message, default 120) and ``fedsafe-wait`` (seconds to wait for every
-client's node to connect, default 120).
+nodes' replies to one message, default 120), ``fedsafe-wait`` (seconds to wait for every
+client's node to connect, default 120) and ``fedsafe-resume`` (true: continue the run in
+``fedsafe-out`` from its last checkpoint, as ``fedsafe run --resume``; default false, which
+starts the run directory afresh).
 """
 
 from __future__ import annotations
@@ -158,9 +160,13 @@ def server_app(
         rc = context.run_config
         cfg = _config(config, rc, overrides, None if app_dir is None else Path(app_dir))
         out = Path(out_dir if out_dir is not None else str(rc.get("fedsafe-out", DEFAULT_OUT)))
+        resume = rc.get("fedsafe-resume", False)
+        if not isinstance(resume, bool):
+            raise ConfigError([f"run config fedsafe-resume = {resume!r}: must be true or false"])
         run_over_flower(
             cfg, grid, out, model=model, loss=loss,
             timeout=_seconds(rc, "fedsafe-timeout", 120.0), wait=_seconds(rc, "fedsafe-wait", 120.0),
+            resume=resume,
         )
 
     return app

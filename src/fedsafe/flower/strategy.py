@@ -221,7 +221,7 @@ class FedsafeStrategy(_flwr_fedavg()):  # type: ignore[misc]
         flat, layout, ids = rd["flat"], rd["layout"], rd["ids"]
         cfg, dp = self.cfg, self.cfg.dp
         client_side = dp.enabled and dp.placement in CLIENT_SIDE
-        adaptive = dp.enabled and dp.adaptive
+        adaptive = dp.enabled and dp.adaptive  # central: transform_honest appends the bit here
         key_of = {m.metadata.message_id: cid for cid, m in rd["messages"].items()}
         row: dict[str, Any] = {"round": server_round, "participants": len(ids), "byzantine": 0}
         counts = {"dropouts": 0, "excluded_malformed": 0, "excluded_unprotected": 0}
@@ -243,9 +243,11 @@ class FedsafeStrategy(_flwr_fedavg()):  # type: ignore[misc]
                     if report.get(MARK) != 1.0 or report.get("fedsafe.clip") != clip:
                         counts["excluded_unprotected"] += 1  # no dp_mod noise on it: refused
                         continue
-                if adaptive:
-                    bit = report.get("fedsafe.dp_bit", 1.0 if float(delta.norm()) <= self.plugins[0].clip else 0.0)
-                    delta = torch.cat([delta, delta.new_tensor([bit])])
+                if client_side and adaptive:  # the clipping bit dp_mod computed (with its noise share)
+                    if "fedsafe.dp_bit" not in report:
+                        counts["excluded_unprotected"] += 1
+                        continue
+                    delta = torch.cat([delta, delta.new_tensor([report["fedsafe.dp_bit"]])])
             except (FlowerError, KeyError) as e:
                 counts["excluded_malformed"] += 1
                 self.errors.append((server_round, cid, str(e)))
