@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 from torch import Tensor
 
+from fedsafe.core.errors import ConfigError
 from fedsafe.core.registry import Registry
 from fedsafe.core.types import Aggregate, Message, RoundContext
 
@@ -128,3 +129,25 @@ ROUND_PLUGINS.register_lazy(
     "inherent", "fedsafe.privacy.inherent.config:make_plugin", "ε of Zhang et al.'s Table 1 rows ([inherent])"
 )
 ROUND_PLUGINS.register_lazy("audit", "fedsafe.audit.config:make_plugin", "canary clients, one-shot ε estimate ([audit])")
+
+
+def make_plugins(
+    cfg: Any, seed: int, initial: Tensor, client_sizes: tuple[int, ...], names: tuple[str, ...] | None = None
+) -> list[Plugin]:
+    """The round plugins ``cfg`` enables: every factory of :data:`ROUND_PLUGINS` (or only those
+    in ``names``), in registration order, each seeing the ones made before it. A factory's
+    ``ValueError`` becomes a ``ConfigError`` naming the plugin."""
+    made: dict[str, Plugin] = {}
+    setup = PluginSetup(cfg=cfg, seed=seed, initial=initial, client_sizes=client_sizes, plugins=made)
+    for name in ROUND_PLUGINS.ordered():
+        if names is not None and name not in names:
+            continue
+        try:
+            plugin = ROUND_PLUGINS.entry(name).impl(setup)
+        except ConfigError:
+            raise
+        except ValueError as e:
+            raise ConfigError([f"{name}: {e}"]) from None
+        if plugin is not None:
+            made[name] = plugin
+    return list(made.values())

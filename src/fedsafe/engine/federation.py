@@ -19,7 +19,7 @@ from torch.func import functional_call
 
 from fedsafe.config import ExperimentConfig
 from fedsafe.core.errors import CheckpointError, ConfigError, RequirementError
-from fedsafe.core.plugins import ROUND_PLUGINS, Plugin, PluginSetup
+from fedsafe.core.plugins import Plugin, make_plugins
 from fedsafe.core.protocol import ProtocolError, make_protocol
 from fedsafe.core.streams import torch_stream
 from fedsafe.core.types import Messages, RoundContext
@@ -181,21 +181,10 @@ class Federation:
     def _make_plugins(self, extra: Sequence[Plugin]) -> list[Plugin]:
         """Every registered round plugin this config enables (``ROUND_PLUGINS``, in registration
         order), then ``extra``; each is handed the client work before the first round."""
-        made: dict[str, Plugin] = {}
-        setup = PluginSetup(
-            cfg=self.cfg, seed=self.cfg.seed, initial=flatten_params(self.model),
-            client_sizes=tuple(len(ix) for ix in self.data.client_indices), plugins=made,
+        made = make_plugins(
+            self.cfg, self.cfg.seed, flatten_params(self.model), tuple(len(ix) for ix in self.data.client_indices)
         )
-        for name in ROUND_PLUGINS.ordered():
-            try:
-                plugin = ROUND_PLUGINS.entry(name).impl(setup)
-            except ConfigError:
-                raise
-            except ValueError as e:
-                raise ConfigError([f"{name}: {e}"]) from None
-            if plugin is not None:
-                made[name] = plugin
-        plugins = [*made.values(), *extra]
+        plugins = [*made, *extra]
         for p in plugins:
             p.configure_clients(self.work)
         return plugins

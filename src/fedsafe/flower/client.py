@@ -83,17 +83,20 @@ class _Node:
         self.dim = sum(p.numel() for p in model.parameters())
 
     def client_plugins(self, seed: int) -> list[Any]:
-        """Fresh instances of the round plugins that act on the client side, with ``seed`` (the
-        node's noise seed): DP, when enabled."""
-        from fedsafe.core.plugins import ROUND_PLUGINS, PluginSetup
+        """Fresh instances of the round plugins with a client side, seeded with the node's noise
+        seed."""
+        return client_plugins(self.cfg, seed, torch.zeros(self.dim))
 
-        if not self.cfg.dp.enabled:
-            return []
-        setup = PluginSetup(
-            cfg=self.cfg, seed=seed, initial=torch.zeros(self.dim),
-            client_sizes=tuple(len(ix) for ix in self.data.client_indices), plugins={},
-        )
-        return [ROUND_PLUGINS.entry("dp").impl(setup)]
+
+CLIENT_SIDE_PLUGINS = ("dp",)  # the round plugins whose transform_honest runs on the clients
+
+
+def client_plugins(cfg: Any, seed: int, initial: torch.Tensor) -> list[Any]:
+    """The client-side round plugins ``cfg`` enables (:data:`CLIENT_SIDE_PLUGINS`), as one
+    client's own instances: ``seed`` is that client's noise seed."""
+    from fedsafe.core.plugins import make_plugins
+
+    return make_plugins(cfg, seed, initial, (1,) * cfg.clients.num_clients, CLIENT_SIDE_PLUGINS)
 
 
 _NODES: dict[tuple[str, int, int], _Node] = {}

@@ -32,8 +32,8 @@ def dp_mod(msg: Any, context: Any, call_next: Any) -> Any:
     from flwr.app import MessageType, MetricRecord
 
     from fedsafe.config import parse_toml, validate
-    from fedsafe.core.plugins import ROUND_PLUGINS, PluginSetup
     from fedsafe.core.types import RoundContext
+    from fedsafe.flower.client import client_plugins
 
     if msg.metadata.message_type != MessageType.TRAIN:
         return call_next(msg, context)
@@ -56,11 +56,13 @@ def dp_mod(msg: Any, context: Any, call_next: Any) -> Any:
     local = reply.content[key]
     check_like(local, layout, what="dp_mod: the trained model")
     delta = (flatten_arrays(local)[0].to(flat.dtype) - flat).unsqueeze(0)
-    setup = PluginSetup(cfg=cfg, seed=int.from_bytes(os.urandom(16), "big"), initial=flat,
-                        client_sizes=(1,) * cfg.clients.num_clients, plugins={})
-    plugin = ROUND_PLUGINS.entry("dp").impl(setup)
-    plugin.load_client_state({"clip": float(conf["fedsafe.dp.clip"])})
-    out = plugin.transform_honest(delta, RoundContext(round_, cfg.seed, (cid,), 0), np.array([cid]))[0]
+    out, ctx = delta, RoundContext(round_, cfg.seed, (cid,), 0)
+    reports: dict[str, float] = {}
+    for plugin in client_plugins(cfg, int.from_bytes(os.urandom(16), "big"), flat):
+        plugin.load_client_state({k.split(".", 2)[2]: float(conf[k]) for k in conf if k.startswith(f"fedsafe.{plugin.name}.")})
+        out = plugin.transform_honest(out, ctx, np.array([cid]))
+        reports.update(plugin.client_reports())
+    out = out[0]
     metrics = reply.content.metric_records.get("metrics")
     if metrics is None:
         metrics = reply.content["metrics"] = MetricRecord()
@@ -68,6 +70,8 @@ def dp_mod(msg: Any, context: Any, call_next: Any) -> Any:
         metrics["fedsafe.dp_bit"] = float(out[-1])
         out = out[:-1]
     reply.content[key] = unflatten_arrays(flat + out, global_arrays)
+    for k, v in reports.items():  # what the plugins report to the server (Plugin.client_reports)
+        metrics[f"fedsafe.{k}"] = float(v)
     metrics["fedsafe.dp"] = 1.0
-    metrics["fedsafe.clip"] = float(plugin.clip)
+    metrics["fedsafe.clip"] = float(conf["fedsafe.dp.clip"])
     return reply

@@ -111,7 +111,6 @@ class FedsafeStrategy(_flwr_fedavg()):  # type: ignore[misc]
         self._pipeline: Any = None
         self._round: dict[str, Any] = {}
         self._buf = None
-        self._initial: torch.Tensor | None = None
 
     @staticmethod
     def _check(cfg: ExperimentConfig) -> ExperimentConfig:
@@ -153,7 +152,7 @@ class FedsafeStrategy(_flwr_fedavg()):  # type: ignore[misc]
     def _set_up(self, grid: Any, flat: torch.Tensor) -> None:
         """On the first round: the population (the first ``num_clients`` nodes by id) and the
         server's pipeline and round plugins."""
-        from fedsafe.core.plugins import ROUND_PLUGINS, PluginSetup
+        from fedsafe.core.plugins import make_plugins
         from fedsafe.robust.pipeline import RobustPipeline
 
         cfg, n = self.cfg, self.cfg.clients.num_clients
@@ -170,17 +169,7 @@ class FedsafeStrategy(_flwr_fedavg()):  # type: ignore[misc]
             raise ConfigError([f"robust: {e}"]) from None
         if self._pipeline.uses_server_update or self._pipeline.uses_history:
             raise ConfigError([f"robust.rule = {cfg.robust.rule!r} needs fedsafe's own ServerApp (a root dataset or client histories)"])
-        made: dict[str, Any] = {}
-        setup = PluginSetup(cfg=cfg, seed=cfg.seed, initial=flat, client_sizes=(1,) * n, plugins=made)
-        for name in ROUND_PLUGINS.ordered():
-            try:
-                plugin = ROUND_PLUGINS.entry(name).impl(setup)
-            except ValueError as e:
-                raise ConfigError([f"{name}: {e}"]) from None
-            if plugin is not None:
-                made[name] = plugin
-        self.plugins = list(made.values())
-        self._initial = flat.clone()
+        self.plugins = make_plugins(cfg, cfg.seed, flat, (1,) * n)
 
     def configure_train(self, server_round: int, arrays: Any, config: Any, grid: Any) -> Iterable[Any]:
         from flwr.app import ConfigRecord, Message, MessageType, RecordDict
@@ -266,8 +255,9 @@ class FedsafeStrategy(_flwr_fedavg()):  # type: ignore[misc]
         else:
             updates = torch.stack([got[int(c)][0] for c in honest])
             if client_side:
+                reports = [{k[8:]: v for k, v in got[int(c)][1].items() if k.startswith("fedsafe.")} for c in honest]
                 for p in self.plugins:
-                    p.observe_honest(ctx, honest, [got[int(c)][1] for c in honest])
+                    p.observe_honest(ctx, honest, reports)
             else:  # the trusted server clips (central DP): it is the clients' side here
                 for p in self.plugins:
                     updates = p.transform_honest(updates, ctx, honest)
