@@ -128,6 +128,22 @@ def test_adaptive_clipping_moves_the_clip_norm(digits, placement: str) -> None:
     assert all("noised_unclipped_fraction" in r for r in rows) and bool(torch.isfinite(final).all())
 
 
+def test_audit_canaries_are_inserted_and_measured(digits, tmp_path: Path) -> None:
+    """With [audit], canary updates join every round's aggregate and the summary carries the
+    one-shot ε estimate next to the analytical ε (Andrew et al. 2023)."""
+    from fedsafe.flower import FedsafeStrategy
+
+    client, _, _ = digits
+    exp = {"clients": {"num_clients": 4}, "audit": {"canaries": 8, "unobserved": 8},
+           "dp": {"enabled": True, "placement": "central", "noise_multiplier": 1.0, "clip": 1.0}}
+    strategy = FedsafeStrategy(exp, out_dir=tmp_path)
+    _start(strategy, client.app, rounds=3)
+    assert all(r["canaries"] > 0 for r in strategy.rows)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["eps_est_final"] is not None and summary["eps_analytical"] > 0
+    assert (tmp_path / "audit_cosines.npz").is_file()
+
+
 def test_local_dp_needs_the_clients_dp_mod(digits) -> None:
     """A reply without dp_mod's mark is refused: no update reaches the aggregate unnoised."""
     from fedsafe.flower import FedsafeStrategy
@@ -202,6 +218,7 @@ def test_malformed_replies_are_left_out(digits) -> None:
     ({"protocol": "secagg"}, "needs fedsafe's own ClientApp"),
     ({"clients": {"gradient": "zeroth_order"}}, "zeroth-order clients need"),
     ({"variants": {"a": {}}}, "a strategy runs one experiment"),
+    ({"clients": {"algorithm": "dsgd"}}, "whose deltas are FedAvg's messages"),
 ])
 def test_what_the_strategy_cannot_run_is_refused(exp: dict, match: str) -> None:
     from fedsafe.flower import FedsafeStrategy

@@ -7,8 +7,9 @@ The strategy then does what fedsafe's server does, on those models:
 - sampling from a fixed population of ``clients.num_clients`` nodes (the first that connect,
   by node id) with fedsafe's schemes (``all``, ``fixed``, ``poisson``), so DP is accounted for
   the sampling that actually happens;
-- each reply's update (its model minus the global model, floating-point arrays only) goes
-  through fedsafe's pre-aggregators and robust rule (``robust.*``, tolerating ``robust.f``
+- each reply's update (its model minus the global model, floating-point arrays only: FedAvg's
+  message, so ``clients.algorithm`` is ``fedavg``) goes through fedsafe's pre-aggregators and
+  robust rule (``robust.*``, tolerating ``robust.f``
   Byzantine clients); a reply whose arrays do not match the global model's, or that is not
   finite, is left out and counted;
 - DP (``[dp]``): ``central`` placement clips every update on the server and adds the noise to
@@ -81,6 +82,13 @@ class FedsafeStrategy(_flwr_fedavg()):  # type: ignore[misc]
         from fedsafe.api import raw_config
 
         raw = apply_overrides(raw_config(config), dict(parse_override(o) for o in overrides))
+        algorithm = raw.get("clients", {}).get("algorithm", "fedavg")
+        if algorithm != "fedavg":
+            raise ConfigError([
+                f"clients.algorithm = {algorithm!r}: your ClientApps send trained models, whose deltas are "
+                "FedAvg's messages; leave it unset (fedavg)"
+            ])
+        raw = apply_overrides(raw, {"clients.algorithm": "fedavg"})
         self.cfg = self._check(validate(raw))
         if not server_lr > 0:
             raise ConfigError([f"server_lr must be > 0, got {server_lr}"])
