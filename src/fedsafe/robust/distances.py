@@ -6,11 +6,26 @@ mixing and the geometric median's Weiszfeld weights below) are split in two:
 ``D_ij = ‖x_i − x_j‖²``, and the selections work from ``D`` alone. The TEE subsystem decodes ``D`` itself (the untrusted accelerator never sees updates) and
 calls the same selection functions, so plaintext and TEE runs select identically.
 
-Precision: ``D`` comes from a Gram expansion, whose rounding error is relative to the squared
-norms of the rows it multiplies. Rows sharing a large offset (model weights rather than
-gradients) are therefore first centred on one of them (``distance_centre``), so that float32
-distances are accurate relative to the rows' spread, not to their norms; the bound is stated
-in ``pairwise_sq_distances``.
+Precision, whatever the Byzantine rows are. An adversary sending f < n/2 of the rows must
+not be able to change the distances between the others, so no entry ``D_ij`` may depend on a
+third row's values beyond rounding that is bounded by the honest rows alone
+(``pairwise_sq_distances`` states the bounds):
+
+* numba kernel (float CPU rows, n ≤ 512: the engine's case): ``D_ij = Σ_k (x_ik − x_jk)²``
+  summed directly (:func:`fedsafe.robust.rowwise.sq_distances_float64`). Each entry comes from
+  rows i and j alone as a sum of non-negative terms, so its error is relative to ``D_ij`` itself:
+  other rows cannot touch it, and a shared offset (model weights) costs nothing.
+* otherwise (torch: other devices or dtypes, more rows, tiny inputs, no numba): the Gram
+  expansion ``‖c_i‖² + ‖c_j‖² − 2⟨c_i, c_j⟩`` of the rows centred on the coordinate-wise median
+  ``c``, whose error is relative to ``‖x_i − c‖² + ‖x_j − c‖²``. With fewer than n/2 Byzantine
+  rows every ``c_k`` lies between the smallest and the largest honest value of coordinate k, so
+  for honest rows that is bounded by the honest rows' own spread.
+
+Before issue #25 the centre was one of the rows, picked on a fixed, public subset of columns: a
+Byzantine row equal to the honest mean on those columns and shifted elsewhere became the centre,
+and the honest distances carried errors of the size of its shift (Krum then disagreed with
+exact arithmetic in 19 of 20 draws). A centre chosen from a sample of the columns, or any single
+row, can be steered that way; the two rules above cannot.
 
 Ties: every selection orders by value with a *stable* sort, so equal scores or distances are
 broken by the lowest index. Exact ties only arise when distances are computed exactly (e.g.
@@ -20,30 +35,22 @@ whichever copy is picked.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from fedsafe.robust.rows import median_value
 from fedsafe.robust.rows import require as _require
-from fedsafe.robust.rowwise import gram_float64, use_gram_kernel
+from fedsafe.robust.rowwise import gram_float64, sq_distances_float64, use_gram_kernel
+from fedsafe.robust.selection import coordinate_median
 
-# One converted or centred block of columns (n rows x B columns) is about this many bytes; it
-# bounds the extra memory whatever n and d are. Each block costs two parallel regions (the
-# subtraction, the product). Measured for the centred distances of n = 50, d = 10⁶ float32 on
-# 2 threads, in multiples of one mean(0) in the same process, blocks of 8 / 16 / 32 / 64 MiB
-# cost 4.6 / 4.5 / 5.5 / 6.4 on a quiet machine (small blocks stay in cache; uncentred 3.7-4)
-# but 13 / 8.7 / 5.7 / 4.7 on an oversubscribed one (load 8 on 2 cores: every parallel region
-# then waits milliseconds for its second thread). 16 MiB: the quiet optimum.
+# One converted or centred block of columns (n rows x B columns) of the torch path is about this
+# many bytes; it bounds the extra memory whatever n and d are. Each block costs two parallel
+# regions (the subtraction, the product). Measured for the centred distances of n = 50, d = 10⁶
+# float32 on 2 threads, in multiples of one mean(0) in the same process, blocks of 8 / 16 / 32 /
+# 64 MiB cost 4.6 / 4.5 / 5.5 / 6.4 on a quiet machine (small blocks stay in cache; uncentred
+# 3.7-4) but 13 / 8.7 / 5.7 / 4.7 on an oversubscribed one (load 8 on 2 cores: every parallel
+# region then waits milliseconds for its second thread). 16 MiB: the quiet optimum.
 _BLOCK_BYTES = 16 << 20
-# The probe that picks the centre holds at most this many values (n rows x its columns) and is
-# worked on by numpy on one thread: ~0.4 ms at n = 50, and no waiting for a second thread to be
-# scheduled (on a loaded machine each parallel region of torch or BLAS cost milliseconds).
-_PROBE_VALUES = 16384
-# Its columns come in runs of adjacent ones (a 64-byte cache line holds 16 float32 values: one
-# value per line would read a line for each), spread evenly over the d columns.
-_PROBE_RUN = 32
-
 
 
 def check_d2(d2: Tensor, rule: str) -> int:
@@ -102,91 +109,76 @@ def _gram64(updates: Tensor, dtype: torch.dtype, centre: Tensor | None) -> Tenso
     return g
 
 
-def probe_columns(n: int, d: int) -> Tensor | None:
-    """Column indices of the probe: ``⌊16384 / n⌋`` columns rounded down to whole runs of 32
-    adjacent ones (at least one run) with evenly spaced starts, or None (all columns) when
-    ``d`` is not larger."""
-    runs = max(1, _PROBE_VALUES // max(1, n) // _PROBE_RUN)
-    if d <= runs * _PROBE_RUN:
-        return None
-    starts = torch.arange(runs) * (d - _PROBE_RUN) // max(1, runs - 1)
-    return (starts[:, None] + torch.arange(_PROBE_RUN)).flatten()
+def distance_centre(updates: Tensor) -> Tensor | None:
+    """The centre that the torch path of :func:`pairwise_sq_distances` subtracts before its Gram
+    product: the coordinate-wise median of all rows (:func:`fedsafe.robust.selection.coordinate_median`;
+    the mean of the two middle values for even n), or None for fewer than two rows or no columns.
 
-
-def distance_centre(updates: Tensor) -> int | None:
-    """The row that :func:`pairwise_sq_distances` subtracts before its Gram product, or None
-    for no centring. Decided on the probe columns (:func:`probe_columns`, in float64, distances
-    taken after subtracting the probe's mean, so they are accurate whatever the offset):
-
-    * ``r`` = the row whose ``⌊n/2⌋`` nearest other rows are nearest (smallest sum of squared
-      distances; first index on ties): with fewer than n/2 Byzantine rows it lies in the bulk
-      of the honest rows, never in a far outlier;
-    * centre on ``x_r`` iff the median over rows of ``‖x_i − x_r‖²`` is below the median of
-      ``‖x_i‖²``, i.e. when a common offset makes the rows nearer to ``x_r`` than to the
-      origin (model weights, or gradients with a common part larger than their spread).
-
-    Rows around the origin (gradients dominated by noise) are not centred: there the origin is
-    already as good a centre, and the subtraction would cost one more pass over the matrix."""
+    No single row and no subset of the columns decides it: with f < n/2 Byzantine rows, every
+    coordinate of it lies between the smallest and the largest honest value of that coordinate.
+    For odd n, (n+1)/2 > f values are at or below the median and as many at or above it, so an
+    honest value lies on each side; for even n the same holds for both middle values, and
+    ``(a + b) / 2`` rounded lies between them (rounding is monotone; finite values, no
+    overflow). Hence ``‖x_h − c‖² ≤ R_H² = Σ_k (max_h x_hk − min_h x_hk)²`` for every honest
+    row h, a quantity of the honest rows alone, whatever the Byzantine rows hold."""
     n, d = updates.shape
     if n < 2 or d == 0:
         return None
-    cols = probe_columns(n, d)
-    p = updates if cols is None else updates.index_select(1, cols.to(updates.device))
-    p = p.detach().to("cpu", torch.float64).numpy()
-    q = p - p.mean(axis=0)
-    gq = np.einsum("ik,jk->ij", q, q)  # numpy's own loop: one thread, no BLAS thread pool
-    sq = np.diag(gq)
-    dq = np.maximum(sq[:, None] + sq[None, :] - 2 * gq, 0.0)
-    np.fill_diagonal(dq, np.inf)
-    r = int(np.argmin(np.sort(dq, axis=1)[:, : n // 2].sum(axis=1)))
-    dq[r, r] = 0.0
-    return r if np.median(dq[r]) < np.median((p * p).sum(axis=1)) else None
+    return coordinate_median(updates)
 
 
 def pairwise_sq_distances(updates: Tensor, *, dtype: torch.dtype | None = None) -> Tensor:
-    """``D_ij = ‖x_i − x_j‖²``, expanded as ``‖c_i‖² + ‖c_j‖² − 2⟨c_i, c_j⟩`` with
-    ``c_i = x_i − c`` for a centre ``c`` (distances do not depend on it).
+    """``D_ij = ‖x_i − x_j‖²`` as an (n, n) matrix in ``dtype`` (the accumulation and result
+    dtype; default: the updates' dtype), exactly symmetric, with an exactly zero diagonal,
+    O(n² d) flops and no (n, n, d) intermediate.
 
-    ``c`` is the row :func:`distance_centre` picks, or 0: rows that share a large offset
-    (model weights) are centred first, since the plain expansion would subtract numbers of size
-    ‖x‖² ≫ D and keep only rounding noise. The Gram matrix of the centred rows is that of
-    :func:`gram` (:func:`_gram64`: for float CPU rows a tiled kernel over column blocks of at
-    most 512 columns summed in float64, and not cast back to ``dtype``; otherwise torch: one
-    ``X Xᵀ`` when not centred, column blocks summed in float64 when centred), O(n² d) flops
-    and no (n, n, d) intermediate; the expansion is done in float64, clamped at 0,
-    symmetrised, its diagonal set to exactly 0, and cast to ``dtype`` (the accumulation and
-    result dtype; default: the updates' dtype).
+    * Float CPU rows with n ≤ 512 (:func:`fedsafe.robust.rowwise.use_gram_kernel`: the engine's
+      case): the numba kernel :func:`~fedsafe.robust.rowwise.sq_distances_float64` sums the
+      squared differences directly, over column blocks of at most 512 columns (each block's
+      differences and sums in ``dtype``, in float64 for float64 updates), the blocks summed in
+      float64. Rows equal bit for bit come out exactly 0 apart.
+    * Otherwise torch: the Gram expansion ``‖c_i‖² + ‖c_j‖² − 2⟨c_i, c_j⟩`` of ``c_i = x_i − c``,
+      ``c`` the coordinate-wise median (:func:`distance_centre`; distances do not depend on it),
+      the Gram matrix of :func:`gram` (column blocks, each converted and centred in one pass,
+      its product in ``dtype``, summed in float64), the expansion done in float64, clamped at 0
+      and symmetrised. Duplicated rows may come out a small positive distance apart (GEMM).
 
-    Error bound. With ``u`` the unit roundoff of the accumulation dtype (2⁻²⁴ for float32,
-    2⁻⁵³ for float64), ``m`` the length of one rounded dot product (the kernel's block, at most
-    512 columns; for torch ``d`` for the single product, the block's column count otherwise)
-    and ``γ_m = m·u / (1 − m·u)``,
+    Error bounds. With ``u`` the unit roundoff of the accumulation dtype (2⁻²⁴ for float32,
+    2⁻⁵³ for float64), ``m`` the length of one rounded sum (the kernel's block, at most 512
+    columns; for torch the block's column count), ``γ_m = m·u / (1 − m·u)`` and ``B`` the number
+    of blocks summed in float64:
 
-        |D̂_ij − D_ij| ≤ (2γ_m + 8u) · (‖x_i − c‖² + ‖x_j − c‖²)
+    * kernel: ``|D̂_ij − D_ij| ≤ (γ_{m+2} + B·2⁻⁵³)·D_ij`` (γ_m for a sum of m products, whatever
+      order the vectorised loop adds in; 2u for rounding the difference before squaring it,
+      nothing when it is exact, as it is wherever the two values agree to within a factor 2).
+      The error of each entry is relative to that entry: for float32 and m = 512 at most
+      3.1e-5·D_ij, whatever any row holds, offsets included.
+    * torch: ``|D̂_ij − D_ij| ≤ (2γ_m + 8u + B·2⁻⁵³)·(‖x_i − c‖² + ‖x_j − c‖²)`` (2γ_m for the
+      three Gram entries, 4u for rounding the centred values). For two honest rows, with fewer
+      than n/2 Byzantine rows, ``‖x_h − c‖² ≤ R_H²`` (:func:`distance_centre`): the bound is
+      set by the honest rows' spread, and Byzantine rows, however far, only inflate the errors
+      of their own entries, which are then as large as their distances. What remains is the
+      worst case of any Gram expansion: two rows much closer to each other than to ``c`` have
+      a relative error of up to the bound over ``D_ij``.
 
-    (2γ_m for the three Gram entries, whatever order the kernel or the BLAS sums in; 4u for
-    rounding the centred values, nothing when they are exact, as they are wherever x and c
-    agree to within a factor 2; 2u for the cast of a Gram computed by a single torch product;
-    the float64 sum over ⌈d/m⌉ blocks adds at most ⌈d/m⌉·2⁻⁵³ times the same factor).
-    The error is relative to the spread about ``c``, not to ‖x‖: an offset shared by all rows
-    costs nothing. What remains is the worst case of any Gram expansion: a pair much closer to
-    each other than to ``c`` has a relative error of up to the bound over D_ij. Rows far from
-    the bulk make that worse only when they are the centre, which the choice of ``c`` avoids.
-    Duplicated rows come out exactly 0 apart from the kernel (equal rows, equal sums); from
-    torch's GEMM they may come out a small positive distance apart. The bound is
-    the worst rounding can do; typical errors are far smaller, as rounding errors partly cancel.
+    Casting the result to ``dtype`` rounds it once more (u relative). The bounds are the worst
+    rounding can do; typical errors are far smaller, as rounding errors partly cancel. What no
+    floating-point computation can promise is the order of two distances closer than these
+    bounds: selections follow exact arithmetic except on such near-ties.
     """
     if updates.ndim != 2:
         raise ValueError(
             f"pairwise_sq_distances: updates must be a 2-D (n, d) tensor, got shape {tuple(updates.shape)}"
         )
-    r = distance_centre(updates)
-    g = _gram64(updates, dtype or updates.dtype, None if r is None else updates[r]).to(torch.float64)
+    acc = dtype or updates.dtype
+    if use_gram_kernel(updates, acc):
+        return sq_distances_float64(updates, acc).to(acc)
+    g = _gram64(updates, acc, distance_centre(updates)).to(torch.float64)
     sq = torch.diagonal(g)
     d2 = (sq[:, None] + sq[None, :] - 2 * g).clamp_min(0)
     d2 = (d2 + d2.T) / 2
     d2.fill_diagonal_(0)
-    return d2.to(dtype or updates.dtype)
+    return d2.to(acc)
 
 
 def nnm_mixing(d2: Tensor, f: int) -> Tensor:
