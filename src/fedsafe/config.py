@@ -13,7 +13,10 @@ applied to the base config, validated on its own.
 from __future__ import annotations
 
 import copy
+import datetime
 import importlib.resources
+import json
+import os
 import re
 import tomllib
 from collections.abc import Iterable, Sequence
@@ -34,7 +37,7 @@ from fedsafe.audit.config import AuditConfig
 from fedsafe.core.clients import CLIENT_ALGORITHMS
 from fedsafe.core.errors import ConfigError
 from fedsafe.core.protocol import PROTOCOLS
-from fedsafe.core.registry import RegistryError
+from fedsafe.core.registry import ParamValueError, RegistryError
 from fedsafe.data.config import DataConfig
 from fedsafe.models.config import ModelConfig
 from fedsafe.privacy.dp.config import DPConfig
@@ -169,12 +172,16 @@ class RobustConfig(Strict):
     def _registered(self) -> RobustConfig:
         problems = []
         try:
-            AGGREGATORS.check_params(self.rule, self.params)
+            AGGREGATORS.check_params(self.rule, self.params, where="robust.params")
+        except ParamValueError as e:  # names its full key
+            problems.append(str(e))
         except RegistryError as e:
             problems.append(f"robust.rule: {e}")
         for i, p in enumerate(self.pre):
             try:
-                PREAGGREGATORS.check_params(p.name, p.params)
+                PREAGGREGATORS.check_params(p.name, p.params, where=f"robust.pre[{i}].params")
+            except ParamValueError as e:
+                problems.append(str(e))
             except RegistryError as e:
                 problems.append(f"robust.pre[{i}]: {e}")
         if problems:
@@ -192,7 +199,9 @@ class AttackConfig(Strict):
     @model_validator(mode="after")
     def _registered(self) -> AttackConfig:
         try:
-            ATTACKS.check_params(self.name, self.params)
+            ATTACKS.check_params(self.name, self.params, where="attack.params")
+        except ParamValueError as e:  # names its full key
+            raise ValueError(str(e)) from None
         except RegistryError as e:
             raise ValueError(f"attack.name: {e}") from None
         return self
@@ -436,7 +445,7 @@ def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str,
 def validate(raw: dict[str, Any], prefix: str = "") -> ExperimentConfig:
     """An ExperimentConfig from a raw dict, or ConfigError with one line per problem."""
     try:
-        cfg = ExperimentConfig.model_validate(raw)
+        cfg = _validate_strict(raw, prefix)
     except ValidationError as e:
         raise ConfigError(format_errors(e, prefix)) from None
     problems = []
@@ -450,6 +459,47 @@ def validate(raw: dict[str, Any], prefix: str = "") -> ExperimentConfig:
     return cfg
 
 
+def _validate_strict(raw: dict[str, Any], prefix: str = "") -> ExperimentConfig:
+    """Validate in pydantic's strict mode, over JSON: no coercion between bool, int and str
+    (``rounds = true``, ``dp.enabled = "yes"``, ``server.lr = "0.1"`` are errors naming the
+    key), while an int still widens to a float (``lr = 1``) and an array fills a tuple
+    (``betas = [0.9, 0.99]``), as in TOML. Values with no TOML/JSON form (a TOML date, an object
+    passed through the Python API) are errors naming their key."""
+    problems: list[str] = []
+    plain = _plain(raw, "", problems)
+    if problems:
+        raise ConfigError([f"{prefix}{p}" for p in problems])
+    return ExperimentConfig.model_validate_json(json.dumps(plain, allow_nan=True), strict=True)
+
+
+def _plain(value: Any, key: str, problems: list[str]) -> Any:
+    """``value`` as JSON types (numpy scalars and paths unwrapped); a problem for anything else."""
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                problems.append(f"{key or 'config'}: table keys must be strings, got {k!r}")
+                continue
+            out[k] = _plain(v, f"{key}.{k}" if key else k, problems)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, f"{key}[{i}]", problems) for i, v in enumerate(value)]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if type(value).__module__ == "numpy" and hasattr(value, "item") and getattr(value, "ndim", None) == 0:
+        return _plain(value.item(), key, problems)
+    if isinstance(value, (datetime.date, datetime.time)):
+        problems.append(f"{key}: a TOML date/time is not a valid value here (got {value.isoformat()})")
+    else:
+        problems.append(
+            f"{key}: a {type(value).__name__} is not a config value (got {value!r}); use a number, "
+            "string, boolean, array or table"
+        )
+    return None
+
+
 def variant_config(cfg: ExperimentConfig, name: str) -> ExperimentConfig:
     """The config of one variant: the base with the variant's overrides, no variants."""
     base = cfg.to_dict()
@@ -460,7 +510,7 @@ def variant_config(cfg: ExperimentConfig, name: str) -> ExperimentConfig:
     merged = apply_overrides(base, _flatten(over))
     merged["name"] = name
     try:
-        return ExperimentConfig.model_validate(merged)
+        return _validate_strict(merged, f"variants.{name}: ")
     except ValidationError as e:
         raise ConfigError(format_errors(e, f"variants.{name}: ")) from None
 

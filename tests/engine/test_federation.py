@@ -278,3 +278,32 @@ def test_rule_requirement_errors_are_requirement_errors():
     with pytest.raises(ValueError, match="f must be an integer >= 0") as err:
         AGGREGATORS.get("krum", {})(x, f=-1)
     assert not isinstance(err.value, RequirementError)
+
+
+def test_a_model_that_overflows_stops_naming_the_round_and_the_learning_rates():
+    """A finite direction times server.lr = 1e308 overflows float32: the run stops at that round
+    with a DivergedError instead of training an all-inf model (a non-finite *direction* still
+    only skips its round: test_nonfinite_updates_never_reach_the_model)."""
+    from fedsafe.core.errors import DivergedError, FedsafeError
+
+    fed = Federation(small(rounds=3, **{"server.lr": 1e308, "model.name": "logreg"}))
+    before = fed.state.params.clone()
+    with pytest.raises(DivergedError, match=r"round 1: .*not finite.*server\.lr = 1e\+308.*clients\.lr") as e:
+        fed.run_round()
+    assert isinstance(e.value, FedsafeError)
+    assert fed.state.round == 0 and torch.equal(fed.state.params, before)  # the state is not overwritten
+
+
+def test_diverged_run_is_one_error_line_on_the_command_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from fedsafe.cli import app
+
+    r = CliRunner().invoke(app, [
+        "run", "--out", str(tmp_path / "o"), "-q", "--variant", "base", "--set", "rounds=2",
+        "--set", "server.lr=1e308", "--set", "data.name=digits", "--set", "model.name=logreg",
+        "--set", "clients.num_clients=5",
+    ])
+    errors = [line for line in r.output.splitlines() if line.startswith("error:")]
+    assert r.exit_code == 2 and len(errors) == 1 and "round 1" in errors[0] and "server.lr" in errors[0], r.output
+    assert "Traceback" not in r.output

@@ -1,5 +1,6 @@
 """Tampered checkpoints: every case is refused by ``fedsafe run --resume`` with one line naming
-the problem (exit 2), never a traceback, never a silently accepted state."""
+the problem (exit 2), never a traceback, never a silently accepted state. Each edit is tried as
+saved (the checksums catch it) and re-sealed as a forger would (the semantic checks catch it)."""
 
 import pickle
 
@@ -8,6 +9,7 @@ import torch
 from typer.testing import CliRunner
 
 from fedsafe.cli import app
+from fedsafe.engine.state import with_checksums
 
 runner = CliRunner()
 
@@ -93,8 +95,11 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_tampered_checkpoint_is_one_clear_error(finished, tmp_path, case):
+SEALED = [(c, False) for c in CASES] + [(c, True) for c, v in CASES.items() if callable(v) and c != "not a dict"]
+
+
+@pytest.mark.parametrize(("case", "resealed"), SEALED, ids=[f"{c}{' (resealed)' if s else ''}" for c, s in SEALED])
+def test_tampered_checkpoint_is_one_clear_error(finished, tmp_path, case, resealed):
     import shutil
 
     out = tmp_path / "run"
@@ -104,11 +109,14 @@ def test_tampered_checkpoint_is_one_clear_error(finished, tmp_path, case):
     if isinstance(change, bytes):
         path.write_bytes(change)
     else:
-        torch.save(change(_blob(out)), path)
+        blob = change(_blob(out))
+        torch.save(with_checksums(blob) if resealed else blob, path)
     r = runner.invoke(app, ["run", "--resume", str(out), "-q"])
     assert r.exit_code == 2, (case, r.output)
     errors = [line for line in r.output.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "checkpoint" in errors[0], (case, r.output)
+    if resealed:  # the checksums match: a semantic check refused it
+        assert "checksum" not in errors[0], (case, errors[0])
     assert "Traceback" not in r.output and "pwned" not in r.output
     assert not (out / "summary.json").exists()
 

@@ -28,6 +28,12 @@ class CheckpointError(FedsafeError, ValueError):
     """A checkpoint that cannot be resumed from: unreadable, tampered with, or another run's."""
 
 
+class DivergedError(FedsafeError):
+    """The model stopped being finite: a server step turned a finite direction into infinite or
+    NaN parameters (a learning rate too large for the updates). The run stops at that round,
+    with the state from before the step; lower ``server.lr`` (or ``clients.lr``)."""
+
+
 class RequirementError(ValueError):
     """A robust rule's requirement on (n, f) does not hold for this round's participants.
 

@@ -1,7 +1,8 @@
 """Name -> implementation registries used by the config.
 
 A registry rejects unknown names and unknown or missing parameters with the list of valid
-ones, so a typo in a config fails at load time instead of silently changing an experiment.
+ones, so a typo in a config fails at load time instead of silently changing an experiment, and
+any number in the parameters (nested lists and tables included) that is not finite.
 Parameters are read off the implementation's signature: keyword-only parameters (after ``*``)
 that are not listed in ``reserved`` are the user-settable ones.
 
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
+import numbers
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -24,6 +27,12 @@ T = TypeVar("T", bound=Callable[..., Any])
 
 class RegistryError(ValueError):
     """An unknown name or parameter in a registry lookup."""
+
+
+class ParamValueError(RegistryError):
+    """A parameter value no implementation may receive: a non-finite number (``inf``, ``nan``)
+    anywhere in ``params``, nested lists and tables included. The message starts with the
+    parameter's full key (``attack.params.std: must be a finite number, got inf``)."""
 
 
 @dataclass(frozen=True)
@@ -123,8 +132,13 @@ class Registry(Generic[T]):
                 f"unknown {self.kind} {name!r}; valid: {', '.join(self.names())}"
             ) from None
 
-    def check_params(self, name: str, params: Mapping[str, Any]) -> None:
-        """Raise RegistryError if ``params`` has unknown keys or lacks required ones."""
+    def check_params(self, name: str, params: Mapping[str, Any], *, where: str | None = None) -> None:
+        """Raise RegistryError if ``params`` has unknown keys or lacks required ones, and
+        :class:`ParamValueError` if any number in it, at any depth, is not finite.
+
+        ``where`` is the config key of the table (``"attack.params"``), so the error names the
+        full key of the bad value (``attack.params.std``); by default it names the entry.
+        """
         entry = self.entry(name)
         unknown = sorted(set(params) - set(entry.params))
         if unknown:
@@ -138,6 +152,8 @@ class Registry(Generic[T]):
         )
         if missing:
             raise RegistryError(f"{self.kind} {name!r} needs parameter(s): {', '.join(missing)}")
+        for key, value in params.items():
+            check_finite(value, f"{where}.{key}" if where else f"{self.kind} {name!r} parameter {key}")
 
     def get(self, name: str, params: Mapping[str, Any] | None = None) -> T:
         """The implementation with ``params`` bound (checked first)."""
@@ -148,6 +164,25 @@ class Registry(Generic[T]):
             return impl
         bound = _partial(impl, params)
         return bound  # type: ignore[return-value]
+
+
+def check_finite(value: Any, key: str) -> None:
+    """Raise :class:`ParamValueError` naming the full key (``key.a[2].b``) of the first number
+    in ``value`` (a table, list or tuple, walked recursively, or a number) that is not finite.
+    Booleans, strings and other values pass: their own parameter checks them."""
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            check_finite(v, f"{key}.{k}")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            check_finite(v, f"{key}[{i}]")
+    elif isinstance(value, numbers.Real) and not isinstance(value, (bool, int)):
+        try:
+            number = float(value)
+        except (TypeError, ValueError, OverflowError):  # an exotic Real that float() refuses
+            raise ParamValueError(f"{key}: must be a finite number, got {value!r}") from None
+        if not math.isfinite(number):
+            raise ParamValueError(f"{key}: must be a finite number, got {number!r}")
 
 
 def _partial(impl: Callable[..., Any], params: dict[str, Any]) -> Callable[..., Any]:

@@ -18,7 +18,7 @@ from torch import Tensor
 from torch.func import functional_call
 
 from fedsafe.config import ExperimentConfig
-from fedsafe.core.errors import CheckpointError, ConfigError, RequirementError
+from fedsafe.core.errors import CheckpointError, ConfigError, DivergedError, RequirementError
 from fedsafe.core.plugins import Plugin, make_plugins
 from fedsafe.core.protocol import ProtocolError, make_protocol
 from fedsafe.core.streams import torch_stream
@@ -33,6 +33,7 @@ from fedsafe.engine.state import (
     CHECKPOINT,
     FederationState,
     load_checkpoint,
+    run_identity,
     save_checkpoint,
 )
 from fedsafe.models import ParamLayout, build_model, check_model, flatten_params
@@ -233,7 +234,7 @@ class Federation:
         """
         if self.out_dir is None:
             raise ValueError("restore needs an out_dir")
-        state = load_checkpoint(self.out_dir)
+        state = load_checkpoint(self.out_dir, run_identity(self.cfg))  # checksums, same run, metrics
         where = self.out_dir / CHECKPOINT
         d = self.state.params.numel()
         if not 0 <= state.round <= self.cfg.rounds:
@@ -386,7 +387,7 @@ class Federation:
                 st.extra["_root"] = self.root.state_dict()
             if self.pipeline.uses_history:
                 st.extra["_history"] = {str(k): v for k, v in self.pipeline.history.items()}
-            save_checkpoint(st, self.out_dir)
+            save_checkpoint(st, self.out_dir, run_identity(cfg))
         return row
 
     def _aggregate_and_step(self, ctx: RoundContext, honest: np.ndarray, byz: np.ndarray, row: dict[str, Any]) -> None:
@@ -436,9 +437,19 @@ class Federation:
         st.previous = self.pipeline.previous
 
     def _step(self, direction: Tensor) -> None:
-        """The server optimizer's step, and the evaluated moving average after it."""
+        """The server optimizer's step, and the evaluated moving average after it. A step that
+        leaves the model non-finite raises :class:`DivergedError` and keeps the state from before
+        it (a non-finite *direction* was already a skipped round)."""
         st = self.state
-        st.params, st.server_buf = self.server.step(st.params, direction, st.server_buf)
+        params, buf = self.server.step(st.params, direction, st.server_buf)
+        if not bool(torch.isfinite(params).all()):
+            c = self.cfg
+            raise DivergedError(
+                f"round {st.round + 1}: the model diverged: its parameters are not finite after the server "
+                f"step on a finite direction (server.lr = {c.server.lr:g}, clients.lr = {c.clients.lr:g}); "
+                "lower server.lr, or clients.lr with clients.algorithm = 'fedavg'"
+            )
+        st.params, st.server_buf = params, buf
         if self.ema is not None:
             self.ema.update(st.params)
 
