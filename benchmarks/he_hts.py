@@ -12,6 +12,13 @@ two per-coordinate times stated in Sec. 3.2 (n=5: 3.17 ms, n=15: 30.75 ms at del
 Every run is checked bit for bit against the exact emulator and reports SEAL's measured noise
 budget left. f = max(1, (n-1)//4) (the cost does not depend on f > 0).
 
+The digit check (``he.check_digits``, on by default: which nodes encrypted out-of-range
+digits, before HTS; ``fedsafe.privacy.he.validity``) is timed on the same uploads, one core,
+as ``check ms/coord`` and ``check/HTS`` (its time over HTS's), with its ciphertext products per
+block over the n nodes, its depth, its download per node and its own emulator check. The
+parameters are the protocol's: planned to cover the check and HTS over the uploads left when
+up to f nodes are excluded.
+
     python benchmarks/he_hts.py [--quick] [--n 5,7,9,15] [--delta 2,3,4] [--parallel 4]
                                 [--workers 0 (= all cores)] [--out benchmarks/results/he_hts.json]
 
@@ -101,11 +108,13 @@ def run_one(n: int, delta: int, parallel: bool, workers: int, seed: int) -> dict
     from fedsafe.privacy.he.emulator import emulate_trimmed_sum
     from fedsafe.privacy.he.encoding import Quantizer
     from fedsafe.privacy.he.params import band, plan_hts
+    from fedsafe.privacy.he.validity import emulate_digit_check, slot_sums
 
     f = max(1, (n - 1) // 4)
     lo, hi = band(n, "trimmed_mean", f)
     t0 = time.perf_counter()
-    plan = plan_hts(n, lo, hi, delta)
+    subsets = tuple((m, *band(m, "trimmed_mean", f)) for m in range(n - 1, n - f - 1, -1) if m > 2 * f)
+    plan = plan_hts(n, lo, hi, delta, check=True, subsets=subsets)  # what HEProtocol plans
     t_plan = time.perf_counter() - t0
     N = plan.slots
     t0 = time.perf_counter()
@@ -135,8 +144,24 @@ def run_one(n: int, delta: int, parallel: bool, workers: int, seed: int) -> dict
         t0 = time.perf_counter()
         res = server.trimmed_sum(ups1, plan)
         t1 = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        chk = server.digit_check(ups1, plan, np.random.default_rng(seed), validated=True)
+        tc = time.perf_counter() - t0
     got = node.decrypt(res)
     emu = emulate_trimmed_sum(a[:, :N], plan.spec, plan.digits)
+    planes = np.stack([np.stack(plan.digits.split(a[i, :N])) for i in range(n)])
+    chk_slots = node.check_slots(chk)
+    row.update({
+        "check_one_core_seconds_per_block": tc,
+        "check_ms_per_coord": tc / N * 1e3,
+        "check_vs_hts": tc / t1,
+        "check_products_per_block": n * plan.check_products,
+        "check_depth": plan.check_depth,
+        "check_download_bytes_per_node": chk.nbytes / n,
+        "check_exact_vs_emulator": bool(np.array_equal(chk_slots, emulate_digit_check(planes, plan.check, N, np.random.default_rng(seed)))),
+        "check_all_valid": bool(not slot_sums(chk_slots, plan.spec.p).any()),
+        "check_noise_budget_left_bits": min(keyring.noise_budget(c) for cts in chk.nodes for c in cts),
+    })
     row.update({
         "one_core_seconds_per_block": t1,
         "one_core_ms_per_coord": t1 / N * 1e3,
@@ -169,7 +194,8 @@ def _fmt(v: object, nd: int = 2) -> str:
 
 def table(rows: list[dict[str, object]]) -> str:
     head = ("| n | δ | digits | N | q bits | products | ours 1 core ms/coord | paper 1 core ms/coord | speed-up "
-            "| ours all cores ms/coord (workers) | paper multi-core ms/coord (cores) | upload B/coord/node | exact | noise left |")
+            "| ours all cores ms/coord (workers) | paper multi-core ms/coord (cores) | upload B/coord/node | exact | noise left "
+            "| check ms/coord | check/HTS | check products (HTS) | check depth (HTS) | check exact |")
     lines = [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
     for r in rows:
         pap = r["paper"]
@@ -188,7 +214,9 @@ def table(rows: list[dict[str, object]]) -> str:
         lines.append(
             f"| {r['n']} | {r['delta']} | {r['digits']} | {r['poly_modulus_degree']} | {sum(r['coeff_bits'])} "
             f"| {r['products']} | {ours:.3f} | {p1s} | {speed} | {par} | {pm} "
-            f"| {r['upload_bytes_per_coord_per_node']:.0f} | {r['exact_vs_emulator']} | {r['noise_budget_left_bits']} |"
+            f"| {r['upload_bytes_per_coord_per_node']:.0f} | {r['exact_vs_emulator']} | {r['noise_budget_left_bits']} "
+            f"| {r['check_ms_per_coord']:.3f} | {r['check_vs_hts']:.1%} | {r['check_products_per_block']} ({r['products']}) "
+            f"| {r['check_depth']} ({r['depth']}) | {r['check_exact_vs_emulator'] and r['check_all_valid']} |"
         )
     return "\n".join(lines)
 
@@ -221,7 +249,8 @@ def main() -> None:
             rows.append(row)
             save()
             print(f"n={n} delta={delta}: {row['one_core_ms_per_coord']:.3f} ms/coord (1 core), "
-                  f"exact={row['exact_vs_emulator']}, noise left {row['noise_budget_left_bits']} bits "
+                  f"exact={row['exact_vs_emulator']}, noise left {row['noise_budget_left_bits']} bits; "
+                  f"digit check {row['check_ms_per_coord']:.3f} ms/coord ({row['check_vs_hts']:.1%} of HTS) "
                   f"[{time.perf_counter() - t0:.0f} s]", file=sys.stderr, flush=True)
     print(table(rows))
     print(f"total {time.perf_counter() - t_all:.0f} s" + (f"; wrote {args.out}" if args.out else ""), file=sys.stderr)

@@ -88,6 +88,7 @@ EXPECTED = {
     "constrain_and_scale": {"target": 0, "size": 3, "fraction": 0.5, "boost": None, "quantile": 0.5},
     "fang_trimmed_mean": {"b": 2.0},
     "fang_krum": {"threshold": 1e-5, "eps": 0.0},
+    "he_invalid_digits": {"fraction": 1.0},
 }
 
 
@@ -404,6 +405,54 @@ def test_own_updates_attacks(name):
         run(name, honest_updates(), make_ctx(f=3))
     with pytest.raises(ValueError, match="shape"):
         run(name, honest_updates(), make_ctx(f=2, own_updates=own))
+
+
+# ---------------------------------------------------------------------------------------------
+# attacks below the message level (he_invalid_digits)
+
+
+def test_he_invalid_digits_sends_the_honest_mean_and_checks_its_fraction():
+    x = honest_updates(n_h=5, d=6, dtype=torch.float64)
+    out = run("he_invalid_digits", x, make_ctx(f=2, n_h=5))
+    # the message the Byzantine nodes encode on the coordinates whose digits they keep valid
+    np.testing.assert_allclose(out.numpy(), np.repeat(x.numpy().mean(axis=0)[None], 2, axis=0), rtol=1e-12)
+    assert run("he_invalid_digits", x, make_ctx(f=1, n_h=5), fraction=0.25).shape == (1, 6)
+    for bad in (0.0, 1.5, -0.1, True, "all"):
+        with pytest.raises(ValueError, match="fraction must be a number in \\(0, 1\\]"):
+            run("he_invalid_digits", x, make_ctx(f=1, n_h=5), fraction=bad)
+
+
+def test_he_invalid_digits_is_refused_outside_protocol_he():
+    from fedsafe.robust.attacks import PROTOCOL_ATTACKS, check_attack_protocol
+
+    assert PROTOCOL_ATTACKS == {"he_invalid_digits": frozenset({"he"})}
+    check_attack_protocol("he_invalid_digits", "he")
+    for other in ("plain", "secagg", "tee"):
+        with pytest.raises(ValueError, match=f"attack.name = 'he_invalid_digits' needs protocol = 'he'.*protocol = '{other}'"):
+            check_attack_protocol("he_invalid_digits", other)
+    check_attack_protocol("alie", "plain")  # message-level attacks run under any protocol
+
+
+def test_he_invalid_digits_refused_at_config_time_by_the_engine():
+    from fedsafe.config import apply_overrides, validate
+    from fedsafe.core.errors import ConfigError
+    from fedsafe.engine.federation import Federation
+
+    raw = {
+        "rounds": 1, "data": {"name": "digits", "max_train": 200}, "model": {"name": "logreg"},
+        "clients": {"num_clients": 4, "batch_size": 8}, "robust": {"rule": "trimmed_mean"},
+        "attack": {"name": "he_invalid_digits", "f": 1},
+    }
+    with pytest.raises(ConfigError, match="attack.name = 'he_invalid_digits' needs protocol = 'he'.*protocol = 'plain'"):
+        Federation(validate(apply_overrides(raw, {})))
+
+
+def test_he_invalid_digits_is_listed_with_its_summary():
+    from fedsafe.catalog import items
+
+    (item,) = [i for i in items("attacks") if i.name == "he_invalid_digits"]
+    assert item.params == "fraction=1.0"
+    assert "HE only" in item.description and "outside their allowed range" in item.description
 
 
 # ---------------------------------------------------------------------------------------------

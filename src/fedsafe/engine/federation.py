@@ -37,7 +37,7 @@ from fedsafe.engine.state import (
     save_checkpoint,
 )
 from fedsafe.models import ParamLayout, build_model, check_model, flatten_params
-from fedsafe.robust.attacks import ATTACKS, AttackContext
+from fedsafe.robust.attacks import ATTACKS, AttackContext, check_attack_protocol
 from fedsafe.robust.backdoor import attack_success_rate, make_poison
 from fedsafe.robust.pipeline import RobustPipeline
 
@@ -146,6 +146,10 @@ class Federation:
         self._check_pipeline_size()
 
         self.attack = ATTACKS.get(cfg.attack.name, cfg.attack.params)
+        try:  # an attack on a protocol's encoding (he_invalid_digits) runs only under that protocol
+            check_attack_protocol(cfg.attack.name, getattr(self.protocol, "name", cfg.protocol))
+        except ValueError as e:
+            raise ConfigError([str(e)]) from None
         try:  # the data the Byzantine clients train on (label flip, backdoor), if the attack poisons it
             self.poison = make_poison(cfg.attack.name, cfg.attack.params, self.data.x_train, self.data.num_classes)
         except ValueError as e:

@@ -682,6 +682,56 @@ def inf_nan(honest: Tensor, *, ctx: AttackContext, value: str = "nan") -> Tensor
 
 
 # --------------------------------------------------------------------------------------------
+# attacks below the message level: they corrupt a protocol's encoding, so only that protocol
+# can carry them out
+
+#: Attacks that act on a protocol's encoding rather than on the message: name -> the protocols
+#: that emulate them (the engine refuses the attack under any other; see check_attack_protocol).
+PROTOCOL_ATTACKS: dict[str, frozenset[str]] = {"he_invalid_digits": frozenset({"he"})}
+
+
+def check_attack_protocol(name: str, protocol: str) -> None:
+    """Raise ValueError naming ``attack.name`` and ``protocol`` when attack ``name`` acts on an
+    encoding that ``protocol`` does not have (``PROTOCOL_ATTACKS``)."""
+    allowed = PROTOCOL_ATTACKS.get(name)
+    if allowed is not None and protocol not in allowed:
+        raise ValueError(
+            f"attack.name = {name!r} needs protocol = {' or '.join(repr(p) for p in sorted(allowed))}: it corrupts "
+            f"that protocol's encoding below the message level, which protocol = {protocol!r} does not have"
+        )
+
+
+def invalid_digit_fraction(params: dict) -> float:
+    """The checked ``fraction`` of attack ``he_invalid_digits`` (default 1.0), from its params."""
+    value = params.get("fraction", 1.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < float(value) <= 1.0:
+        raise ValueError(f"attack 'he_invalid_digits': fraction must be a number in (0, 1], got {value!r}")
+    return float(value)
+
+
+@ATTACKS.register("he_invalid_digits")
+def he_invalid_digits(honest: Tensor, *, ctx: AttackContext, fraction: float = 1.0) -> Tensor:
+    """HE only (protocol = "he"): each Byzantine node encrypts digits outside their allowed range
+    -- random residues mod p -- on ``fraction`` of its coordinates (default all).
+
+    Every HE node holds the shared key, so it can skip the encoder. The attack acts below the
+    message level: this function returns the messages the nodes encode on their other
+    coordinates, the honest mean (so nothing but the digits gives them away), and the HE
+    protocol, which emulates every node's encoding, replaces the Byzantine nodes' digits on
+    ``fraction`` of the coordinates (``fedsafe.privacy.he.protocol``; residues uniform outside
+    each digit's range, from the stream ``("he.invalid_digits", round, client id)``). With
+    ``he.check_digits`` (default) the homomorphic digit check excludes such nodes; without it
+    one of them makes the nodes zero almost every coordinate of the round. The engine refuses
+    the attack under any other protocol (``PROTOCOL_ATTACKS``)."""
+    _check(honest, ctx, "he_invalid_digits")
+    invalid_digit_fraction({"fraction": fraction})
+    if ctx.f == 0:
+        return _empty(honest)
+    mean, _ = _mean_std(honest)
+    return _repeat(mean, honest, ctx.f)
+
+
+# --------------------------------------------------------------------------------------------
 # Karimireddy, He, Jaggi 2022: mimic
 
 

@@ -2,6 +2,11 @@
 against the bound in-range uploads obey; and the quantization loss (clipped / zeroed honest
 coordinates) is reported and warned about.
 
+The screen is the second line of defence: by default the digit check excludes such a node before
+HTS (test_he_invalid_digits.py). The screen tests here turn the check off (``check_digits=False``)
+to see what the screen alone guarantees -- what a false accept of the check (probability
+<= 1/(p-1) per node and round) would meet.
+
 Bounds and fractions are recomputed here from their definitions (the trimmed sum of S values in
 {-o..o}, o = 2^(delta-1) - 1; numpy rounding of the clamped, scaled coordinates), not taken from
 the code under test.
@@ -109,7 +114,7 @@ def test_out_of_range_digits_cannot_blow_up_the_emulated_aggregate(n, rule, f, d
     rng = np.random.default_rng(n + delta)
     x = rng.uniform(-0.6, 0.6, size=(n, d)).astype(np.float32).astype(np.float64)  # what messages carry
     msgs = [Message(100 + i, torch.from_numpy(x[i]).float()) for i in range(n)]
-    proto = HEProtocol(backend="emulator", delta=delta, clamp=clamp)
+    proto = HEProtocol(backend="emulator", delta=delta, clamp=clamp, check_digits=False)
     plan = proto.plan(n, rule, f)
     evil = _attacker_planes(plan, d, touched, seed=1)
     honest_planes = proto._digit_planes
@@ -149,7 +154,7 @@ def test_out_of_range_digits_cannot_blow_up_the_bfv_aggregate(monkeypatch):
     rng = np.random.default_rng(3)
     x = rng.uniform(-0.5, 0.5, size=(n, d)).astype(np.float32).astype(np.float64)
     msgs = [Message(100 + i, torch.from_numpy(x[i]).float()) for i in range(n)]
-    proto = HEProtocol(backend="bfv", delta=delta, clamp=clamp)
+    proto = HEProtocol(backend="bfv", delta=delta, clamp=clamp, check_digits=False)
     plan = proto.plan(n, "trimmed_mean", f)
     evil = _attacker_planes(plan, d, touched, seed=2)
     honest_encrypt = proto._encrypt
@@ -184,9 +189,10 @@ def test_out_of_range_digits_cannot_blow_up_the_bfv_aggregate(monkeypatch):
 
 def test_an_out_of_range_value_that_lands_inside_the_bound_passes_unflagged():
     """The documented limit of the screen: with both honest values at -C, some out-of-range
-    residue makes HTS return +C -- inside the bound, yet a value no in-range upload produces."""
+    residue makes HTS return +C -- inside the bound, yet a value no in-range upload produces.
+    (The digit check excludes that node: test_he_invalid_digits.py.)"""
     n, f, delta, clamp = 3, 1, 2, 0.5
-    plan = HEProtocol(backend="emulator", delta=delta).plan(n, "trimmed_mean", f)
+    plan = HEProtocol(backend="emulator", delta=delta, check_digits=False).plan(n, "trimmed_mean", f)
     p, lo, hi = plan.spec.p, *band(n, "trimmed_mean", f)
     residues = np.arange(p)
     planes = np.stack([np.zeros((1, p), dtype=np.int64), np.zeros((1, p), dtype=np.int64), residues[None, :]])
@@ -199,7 +205,7 @@ def test_an_out_of_range_value_that_lands_inside_the_bound_passes_unflagged():
     assert sneaky.size > 0 and _bound(n, "trimmed_mean", f, delta) >= o
 
     msgs = [Message(100 + i, torch.full((4,), -1.0)) for i in range(n)]
-    proto = HEProtocol(backend="emulator", delta=delta, clamp=clamp)
+    proto = HEProtocol(backend="emulator", delta=delta, clamp=clamp, check_digits=False)  # the check catches it
     honest_planes = proto._digit_planes
     proto._digit_planes = lambda plan_, cid, row: np.full((1, 4), sneaky[0]) if cid == 102 else honest_planes(plan_, cid, row)
     with warnings.catch_warnings():

@@ -42,6 +42,7 @@ from fedsafe.privacy.he.circuit import CircuitSpec, trimmed_sum
 from fedsafe.privacy.he.encoding import DigitPlan, Quantizer
 from fedsafe.privacy.he.ops import NoiseModel
 from fedsafe.privacy.he.params import HEParameterError, HEParams, HEPlan
+from fedsafe.privacy.he.validity import DigitCheck, check_circuit, draw_node_randomness, group_blocks, groups, slot_sums
 
 try:  # optional dependency (pip install fedsafe[he]); the emulator works without it
     import tenseal.sealapi as seal
@@ -251,6 +252,22 @@ class EncryptedResult:
         return sum(len(b) for b in self.blocks)
 
 
+@dataclass(frozen=True)
+class EncryptedCheck:
+    """The server's digit check (:mod:`fedsafe.privacy.he.validity`): for each node, in upload
+    order, one ciphertext per group of blocks holding its masked check slots."""
+
+    fingerprint: str
+    client_ids: tuple[int, ...]
+    nodes: tuple[tuple[bytes, ...], ...]
+    seconds: float = 0.0
+    stats: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(c) for node in self.nodes for c in node)
+
+
 class HENode:
     """A node's side of SABLE: quantize its own vector (clamp), split into digits, encrypt per
     block; and decrypt the server's result into signed integer trimmed sums."""
@@ -268,12 +285,21 @@ class HENode:
     def encrypt_shifted(self, client_id: int, shifted: np.ndarray) -> EncryptedUpload:
         """Encrypt already-shifted integers a in {0..M} (tests; :meth:`encrypt` clamps first)."""
         a = np.asarray(shifted, dtype=np.int64)
+        return self.encrypt_digit_planes(client_id, np.stack(self.plan.digits.split(a)).reshape(self.plan.digits.digits, -1))
+
+    def encrypt_digit_planes(self, client_id: int, planes: np.ndarray) -> EncryptedUpload:
+        """Encrypt ``planes[k, j]`` (digit k of coordinate j) as they are: residues mod p, in
+        range or not. An honest node passes its encoder's digits; every node holds the key and
+        *can* pass anything -- which the digit check (:meth:`HEServer.digit_check`) detects."""
+        c = np.asarray(planes, dtype=np.int64)
+        if c.ndim != 2 or c.shape[0] != self.plan.digits.digits:
+            raise ValueError(f"expected ({self.plan.digits.digits}, d) digit planes, got {c.shape}")
+        c = c % self.plan.params.plain_modulus
         slots = self.keyring.ctx.slots
         blocks = []
-        for b0 in range(0, max(a.shape[0], 1), slots):
-            digits = self.plan.digits.split(a[b0 : b0 + slots])
-            blocks.append(tuple(self.keyring.encrypt(d) for d in digits))
-        return EncryptedUpload(client_id, self.fingerprint, int(a.shape[0]), tuple(blocks))
+        for b0 in range(0, max(c.shape[1], 1), slots):
+            blocks.append(tuple(self.keyring.encrypt(c[k, b0 : b0 + slots]) for k in range(c.shape[0])))
+        return EncryptedUpload(client_id, self.fingerprint, int(c.shape[1]), tuple(blocks))
 
     def encrypt(self, client_id: int, vector: np.ndarray) -> EncryptedUpload:
         return self.encrypt_shifted(client_id, self.quantizer.shifted(vector))
@@ -286,6 +312,17 @@ class HENode:
         parts = [self.keyring.decrypt(b) for b in result.blocks]
         r = np.concatenate(parts)[: result.length] if parts else np.zeros(0, dtype=np.int64)
         return np.where(r > p // 2, r - p, r)
+
+    def check_slots(self, check: EncryptedCheck) -> np.ndarray:
+        """The decrypted check slots, ``(nodes, groups, N)`` residues: what the decryptor sees
+        (masked: only each node's slot sum carries information)."""
+        if check.fingerprint != self.fingerprint:
+            raise HEParameterError("digit check was computed under different parameters")
+        return np.stack([np.stack([self.keyring.decrypt(c) for c in node]) for node in check.nodes])
+
+    def check_sums(self, check: EncryptedCheck) -> np.ndarray:
+        """Per node, the sum of its check slots mod p: 0 iff its digits are all in range."""
+        return slot_sums(self.check_slots(check), self.plan.params.plain_modulus)
 
 
 # ----------------------------------------------------------------------------- server arithmetic
@@ -305,7 +342,7 @@ class SealValue:
 class SealOps:
     """The circuit interface over SEAL ciphertexts (see module docstring)."""
 
-    def __init__(self, ctx: BFVContext, relin_keys: Any, spec: CircuitSpec, margin_bits: float) -> None:
+    def __init__(self, ctx: BFVContext, relin_keys: Any, spec: CircuitSpec | DigitCheck, margin_bits: float) -> None:
         self.ctx = ctx
         self.ev = seal.Evaluator(ctx.context)
         self.rk = relin_keys
@@ -315,6 +352,7 @@ class SealOps:
         self.noise = NoiseModel(ctx.params.poly_modulus_degree, self.p)
         self._plain: dict[int, Any] = {}
         self.products = 0
+        self.plain_products = 0
         self.relins = 0
         self.switches = 0
 
@@ -377,6 +415,22 @@ class SealOps:
         self.ev.square(a.ct, out)
         self.products += 1
         return SealValue(out, self.noise.mul(a.budget, a.budget), a.depth + 1, a.level, 3)
+
+    def _encode(self, values: np.ndarray) -> Any:
+        pt = seal.Plaintext()
+        self.ctx.encoder.encode((np.asarray(values, dtype=np.int64) % self.p).tolist(), pt)
+        return pt
+
+    def mul_plain(self, a: SealValue, values: np.ndarray) -> SealValue:
+        out = seal.Ciphertext()
+        self.ev.multiply_plain(a.ct, self._encode(values), out)
+        self.plain_products += 1
+        return SealValue(out, self.noise.mul_plain(a.budget), a.depth, a.level, a.size)
+
+    def add_plain(self, a: SealValue, values: np.ndarray) -> SealValue:
+        out = seal.Ciphertext()
+        self.ev.add_plain(a.ct, self._encode(values), out)
+        return SealValue(out, a.budget, a.depth, a.level, a.size)
 
     def lincomb(self, terms: Sequence[tuple[int, SealValue]], const: int) -> SealValue:
         p = self.p
@@ -502,6 +556,42 @@ def _evaluate_block_in_worker(block: list[list[bytes]], spec: CircuitSpec, margi
     return _evaluate_block(_WORKER, block, spec, margin)
 
 
+def _check_group(
+    state: _EvalState, blocks: list[list[bytes]], mults: np.ndarray, mask: np.ndarray, check: DigitCheck, margin: float
+) -> tuple[bytes, dict[str, float]]:
+    """The digit check over one group of one node's blocks (``blocks[b][k]``), with the server's
+    multipliers ``mults[b, k]`` and mask: one ciphertext of masked check slots."""
+    t0 = time.perf_counter()
+    ops = SealOps(state.ctx, state.relin, check, margin)
+    digits = [[ops.input(from_bytes(seal.Ciphertext(), state.ctx.context, data)) for data in blk] for blk in blocks]
+    out = check_circuit(ops, digits, [[mults[b, k] for k in range(check.digits)] for b in range(len(blocks))], mask, check)
+    stats = {
+        "products": float(ops.products),
+        "plain_products": float(ops.plain_products),
+        "relins": float(ops.relins),
+        "switches": float(ops.switches),
+        "model_budget_bits": float(out.budget),
+        "level": float(out.level),
+        "seconds": time.perf_counter() - t0,
+    }
+    return to_bytes(out.ct), stats
+
+
+def _check_group_in_worker(
+    blocks: list[list[bytes]], mults: np.ndarray, mask: np.ndarray, check: DigitCheck, margin: float
+) -> tuple[bytes, dict[str, float]]:
+    assert _WORKER is not None, "worker not initialised"
+    return _check_group(_WORKER, blocks, mults, mask, check, margin)
+
+
+def _merge_stats(results: Sequence[tuple[bytes, dict[str, float]]]) -> dict[str, float]:
+    stats: dict[str, float] = {}
+    for _, st in results:
+        for key, val in st.items():
+            stats[key] = stats.get(key, 0.0) + val if key != "model_budget_bits" else min(stats.get(key, val), val)
+    return stats
+
+
 class HEServer:
     """The honest-but-curious server: public key, relinearisation keys, ciphertexts. Runs HTS per
     block, in ``workers`` processes when > 1. It has no secret key and no way to decrypt."""
@@ -608,9 +698,41 @@ class HEServer:
             results = [f.result() for f in futs]
         else:
             results = [_evaluate_block(self._state, t, plan.spec, plan.margin_bits) for t in tasks]
-        stats: dict[str, float] = {}
-        for _, st in results:
-            for key, val in st.items():
-                stats[key] = stats.get(key, 0.0) + val if key != "model_budget_bits" else min(stats.get(key, val), val)
+        stats = _merge_stats(results)
         fp = plan_fingerprint(self._state.ctx, plan.digits, plan.spec)
         return EncryptedResult(fp, length, tuple(r for r, _ in results), time.perf_counter() - t0, stats)
+
+    def digit_check(
+        self, uploads: Sequence[EncryptedUpload], plan: HEPlan, rng: np.random.Generator, *, validated: bool = False
+    ) -> EncryptedCheck:
+        """The digit check (:mod:`fedsafe.privacy.he.validity`) on every upload: per node and
+        group of blocks, ``sum r (.) V(c) + u`` with multipliers and masks drawn from ``rng``
+        -- the server's own secret randomness, drawn after the uploads arrived (node after
+        node, in upload order, as :func:`~fedsafe.privacy.he.validity.emulate_digit_check`)."""
+        t0 = time.perf_counter()
+        if plan.check is None:
+            raise HEParameterError("the plan has no digit check (plan it with plan_hts(..., check=True))")
+        if not validated:
+            self.validate(uploads, plan)
+        p, slots, digits = plan.params.plain_modulus, self.params.slots, plan.digits.digits
+        tasks, owner = [], []
+        for i, up in enumerate(uploads):
+            nblocks = len(up.ciphertexts)
+            r, u = draw_node_randomness(rng, nblocks, digits, slots, p)
+            for g in range(groups(nblocks)):
+                bs = group_blocks(g, nblocks)
+                tasks.append(([list(up.ciphertexts[b]) for b in bs], r[bs.start : bs.stop], u[g]))
+                owner.append(i)
+        if self.workers > 1 and len(tasks) > 1:
+            ex = self._executor()
+            futs = [ex.submit(_check_group_in_worker, blk, r, u, plan.check, plan.margin_bits) for blk, r, u in tasks]
+            results = [f.result() for f in futs]
+        else:
+            results = [_check_group(self._state, blk, r, u, plan.check, plan.margin_bits) for blk, r, u in tasks]
+        nodes: list[list[bytes]] = [[] for _ in uploads]
+        for i, (ct, _) in zip(owner, results):
+            nodes[i].append(ct)
+        fp = plan_fingerprint(self._state.ctx, plan.digits, plan.spec)
+        return EncryptedCheck(
+            fp, tuple(int(up.client_id) for up in uploads), tuple(tuple(n) for n in nodes), time.perf_counter() - t0, _merge_stats(results)
+        )

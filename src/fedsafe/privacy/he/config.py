@@ -29,6 +29,12 @@ class HEConfig(BaseModel):
         None, description="force the BFV ring degree (= slots per ciphertext); default: cheapest safe one"
     )
     noise_margin_bits: float = Field(12.0, ge=1, le=200, description="modelled noise budget kept at the output")
+    check_digits: bool = Field(
+        True,
+        description="before HTS, check homomorphically that every node's digits are in range and exclude the nodes "
+        "whose are not (fedsafe.privacy.he.validity; reveals one valid/invalid bit per node); false: only screen "
+        "the decrypted sums, so one such node neutralises the round",
+    )
 
     @model_validator(mode="after")
     def _digits_fit(self) -> HEConfig:

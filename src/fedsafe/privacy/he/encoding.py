@@ -19,9 +19,10 @@ non-finite values are mapped first (NaN -> 0, +-inf -> +-C), then clamped. A nod
 bypasses the encoder (every node holds the shared secret key, so it can encrypt any residue
 mod p in any digit plane) makes the comparison polynomials return arbitrary residues on the
 coordinates it touches; the decrypted trimmed sum there is then an arbitrary residue too.
-The paper's threat model (Remark 1: nodes follow the encryption step) excludes this; the nodes
-nevertheless screen the decrypted sums (:meth:`Quantizer.sum_bound`,
-:meth:`Quantizer.screen_sums`) so such a node cannot blow the aggregate up.
+The paper's threat model (Remark 1: nodes follow the encryption step) excludes this; the digit
+check (:mod:`fedsafe.privacy.he.validity`) identifies such a node before HTS and the round goes
+on without it, and the nodes still screen the decrypted sums (:meth:`Quantizer.sum_bound`,
+:meth:`Quantizer.screen_sums`) so that a node the check misses cannot blow the aggregate up.
 
 **Quantization loss.** ``C`` trades clipping (``|x| > C`` loses magnitude) against erasure
 (``0 < |x| < C / (2o)`` rounds to q = 0); :meth:`Quantizer.loss_fractions` measures both.
@@ -108,9 +109,12 @@ class Quantizer:
         the wrong values, or the opposite sign of every honest value); those coordinates pass
         unflagged with any value in ``[-C, C]``, not necessarily between the honest order
         statistics (the trimmed mean's robustness guarantee). Residues that look random land
-        inside with probability about ``(2*S*o + 1) / p``. Only zero-knowledge range proofs on
-        the ciphertexts (each digit proven in ``0..D_k`` before aggregation) would restore the
-        full guarantee."""
+        inside with probability about ``(2*S*o + 1) / p``. And one such node zeroes nearly every
+        coordinate: a veto over the round. Hence the digit check before HTS
+        (:mod:`fedsafe.privacy.he.validity`), which excludes the node instead; this screen is
+        what its false accepts (probability <= 1/(p-1)) meet. Only zero-knowledge range proofs
+        on the ciphertexts (each digit proven in ``0..D_k`` before aggregation) would restore
+        the full guarantee."""
         t = np.asarray(total, dtype=np.int64)
         bad = np.abs(t) > self.sum_bound(count)
         return np.where(bad, 0, t), bad

@@ -6,6 +6,8 @@ The circuit (:mod:`fedsafe.privacy.he.circuit`) is written once against a tiny i
 * ``mul(a, b)``, ``square(a)``        ciphertext x ciphertext products (the expensive operation)
 * ``lincomb([(c, x), ...], c0)``      sum of scalar multiples plus a constant (no product)
 * ``hint(stage, values)``              a stage boundary: BFV may drop primes here
+* ``mul_plain(a, r)``, ``add_plain(a, u)``  slot-wise product with / sum with a plaintext slot
+  vector (the digit check's random multipliers and masks; no ciphertext product)
 
 Three backends implement it: :class:`EmulatorOps` (numpy integers mod p: bit-exact with BFV,
 used for long accuracy runs), :class:`TraceOps` (no data: counts products, depth and a noise
@@ -57,6 +59,12 @@ class EmulatorOps:
             raise ValueError("lincomb of no terms is a constant; the circuit keeps constants as ints")
         return (acc + const % p) % p
 
+    def mul_plain(self, a: np.ndarray, r: np.ndarray) -> np.ndarray:
+        return (a * (np.asarray(r, dtype=np.int64) % self.p)) % self.p
+
+    def add_plain(self, a: np.ndarray, u: np.ndarray) -> np.ndarray:
+        return (a + np.asarray(u, dtype=np.int64) % self.p) % self.p
+
     def hint(self, stage: str, values: Sequence[np.ndarray]) -> None:
         return None
 
@@ -94,6 +102,11 @@ class NoiseModel:
 
     def mul(self, b1: float, b2: float) -> float:
         return min(b1, b2) - self.log_p - self.log_n - self.mult_slack
+
+    def mul_plain(self, b: float) -> float:
+        """Budget after a product with a plaintext of arbitrary slot values (its polynomial's
+        coefficients are as large as p): costed like a ciphertext product, ``log2 p + log2 N``."""
+        return b - self.log_p - self.log_n - self.mult_slack
 
     def lincomb(self, terms: Sequence[tuple[int, float]]) -> float:
         """Budget of sum c_i x_i: noises (2^-b) scale by |c| and add (summed in the log domain)."""
@@ -135,6 +148,7 @@ class TraceOps:
     relins: int = 0
     scalar_ops: int = 0
     additions: int = 0
+    plain_products: int = 0
     stage_budget: dict[str, float] = field(default_factory=dict)
     stage_products: dict[str, int] = field(default_factory=dict)
 
@@ -161,6 +175,14 @@ class TraceOps:
 
     def square(self, a: TraceValue) -> TraceValue:
         return self.mul(a, a)
+
+    def mul_plain(self, a: TraceValue, r: object = None) -> TraceValue:
+        self.plain_products += 1
+        return TraceValue(self.noise.mul_plain(a.budget), a.depth, a.size)
+
+    def add_plain(self, a: TraceValue, u: object = None) -> TraceValue:
+        self.additions += 1
+        return TraceValue(a.budget, a.depth, a.size)
 
     def lincomb(self, terms: Sequence[tuple[int, TraceValue]], const: int) -> TraceValue:
         self.scalar_ops += sum(1 for c, _ in terms if centered(c, self.noise.plain_modulus) not in (1, -1))

@@ -42,6 +42,7 @@ from fedsafe.privacy.he.circuit import (
 from fedsafe.privacy.he.encoding import DigitPlan
 from fedsafe.privacy.he.ops import NoiseModel, TraceOps
 from fedsafe.privacy.he.polynomials import btw_poly_symmetric
+from fedsafe.privacy.he.validity import CHECK_GROUP_BLOCKS, DigitCheck, make_check, trace_check, with_stage_need
 
 
 class HEParameterError(ValueError):
@@ -114,16 +115,23 @@ class HEPlan:
     final_budget_bits: float  # modelled budget left at the output (>= margin)
     margin_bits: float
     est_seconds_per_block: float  # time model, one core
+    # the digit check (fedsafe.privacy.he.validity), when planned: its circuit, its products per
+    # node and block, its depth, and the budget it consumes over CHECK_GROUP_BLOCKS blocks
+    check: DigitCheck | None = None
+    check_products: int = 0
+    check_depth: int = 0
+    check_consumed_bits: float = 0.0
 
     @property
     def slots(self) -> int:
         return self.params.slots
 
     def describe(self) -> str:
+        chk = "" if self.check is None else f"; digit check {self.check_products} products per node, depth {self.check_depth}"
         return (
             f"{self.params.describe()}; {self.digits.describe()}; n={self.spec.n}, ranks "
             f"{self.spec.lo}..{self.spec.hi}; {self.products} products, depth {self.depth}, "
-            f"modelled budget left {self.final_budget_bits:.0f} bits"
+            f"modelled budget left {self.final_budget_bits:.0f} bits{chk}"
         )
 
 
@@ -299,8 +307,78 @@ def plan_hts(
     poly_modulus_degree: int | None = None,
     margin_bits: float = 12.0,
     max_poly_modulus_degree: int = 32768,
+    check: bool = False,
+    subsets: tuple[tuple[int, int, int], ...] = (),
 ) -> HEPlan:
-    """The cheapest safe plan for HTS over n inputs keeping ranks lo..hi of delta-bit values."""
+    """The cheapest safe plan for HTS over n inputs keeping ranks lo..hi of delta-bit values;
+    with ``check``, the modulus also covers the digit check (:mod:`~fedsafe.privacy.he.validity`)
+    on the same fresh uploads, and its products count in the time model (n nodes per block).
+
+    ``subsets``: ``(m, lo_m, hi_m)`` circuits the same parameters must also run (HTS over the m
+    uploads left when the check excludes nodes, :func:`plan_subset`). Their noise differs from
+    the full circuit's by a few bits either way (the rank polynomials' coefficients); when one
+    needs more, the plan is redone with that much more modulus reserved."""
+    reserve = 0.0
+    for _ in range(4):
+        plan = _plan_once(n, lo, hi, delta, digits, poly_modulus_degree, margin_bits, max_poly_modulus_degree, check, reserve)
+        excess = _subset_excess(plan, subsets)
+        if excess <= 1e-9:
+            return plan
+        reserve += excess + 0.25
+    raise HEParameterError(f"no parameters found for HTS over n={n} that also cover the subsets {list(subsets)}")
+
+
+def _subset_excess(plan: HEPlan, subsets: tuple[tuple[int, int, int], ...]) -> float:
+    """Bits of budget the cheapest circuit of each subset lacks under ``plan`` (max; 0 if none)."""
+    if not subsets:
+        return 0.0
+    prm = plan.params
+    noise = NoiseModel(prm.poly_modulus_degree, plan.spec.p)
+    room = noise.fresh(prm.data_bits) - plan.margin_bits
+    worst = 0.0
+    for m, lo_m, hi_m in subsets:
+        consumed = min(_consumed(_spec_for(m, lo_m, hi_m, plan.spec.p, plan.digits, plan.spec.offset, df), noise) for df in (False, True))
+        worst = max(worst, consumed - room)
+    return worst
+
+
+@dataclass(frozen=True)
+class _Traced:
+    """What the planner uses of a trace (from a fresh budget of 1e4 bits)."""
+
+    products: int
+    relins: int
+    consumed: float
+    depth: int
+    stage_budget: tuple[tuple[str, float], ...]
+
+
+@functools.lru_cache(maxsize=4096)
+def _traced(spec: CircuitSpec, noise: NoiseModel) -> _Traced:
+    """:func:`trace` of ``spec``, summarised and cached: a plan redone with a reserve, and the
+    subsets of a plan, trace the same circuits again."""
+    ops, out = trace(spec, noise, 1e4)
+    if isinstance(out, int):
+        return _Traced(ops.products, ops.relins, 0.0, 0, tuple(ops.stage_budget.items()))
+    return _Traced(ops.products, ops.relins, 1e4 - out.budget, out.depth, tuple(ops.stage_budget.items()))
+
+
+def _consumed(spec: CircuitSpec, noise: NoiseModel) -> float:
+    return _traced(spec, noise).consumed
+
+
+def _plan_once(
+    n: int,
+    lo: int,
+    hi: int,
+    delta: int,
+    digits: int | None,
+    poly_modulus_degree: int | None,
+    margin_bits: float,
+    max_poly_modulus_degree: int,
+    check: bool,
+    reserve_bits: float,
+) -> HEPlan:
     if n < 1:
         raise HEParameterError("need at least one input")
     if not 2 <= delta <= 8:
@@ -324,12 +402,13 @@ def plan_hts(
     for dplan in plans:
         for depth_first in (False, True):
             spec = _spec_for(n, lo, hi, p, dplan, offset, depth_first)
+            chk = make_check(p, dplan.digit_max, depth_first) if check else None
             for ring in rings:
                 noise = NoiseModel(ring, p)
-                ops, out = trace(spec, noise, 1e4)
-                consumed = 1e4 - out.budget if not isinstance(out, int) else 0.0
-                depth = 0 if isinstance(out, int) else out.depth
-                need_bits = consumed + margin_bits + noise.log_p + noise.fresh_slack
+                ops = _traced(spec, noise)
+                consumed, depth = ops.consumed, ops.depth
+                chk_products, chk_depth, chk_consumed = _check_cost(chk, noise)
+                need_bits = max(consumed + reserve_bits, chk_consumed) + margin_bits + noise.log_p + noise.fresh_slack
                 primes = _primes_for(ring, need_bits)
                 if primes is None:
                     tried.append(f"N={ring}: {dplan.describe()} needs ~{need_bits:.0f} data bits")
@@ -338,9 +417,10 @@ def plan_hts(
                 params.check_security()
                 sec = seconds_per_product(ring, len(primes))
                 est = ops.products * sec * (1 - _RELIN_SHARE) + ops.relins * sec * _RELIN_SHARE
+                est += n * chk_products * sec  # the check's products (relinearised once each)
                 fresh = noise.fresh(params.data_bits)
                 stage_need = tuple(
-                    (stage, b - (1e4 - consumed)) for stage, b in ops.stage_budget.items()
+                    (stage, b - (1e4 - consumed)) for stage, b in ops.stage_budget
                 ) + (("final", 0.0),)
                 plan = HEPlan(
                     params=params,
@@ -354,6 +434,10 @@ def plan_hts(
                     final_budget_bits=fresh - consumed,
                     margin_bits=margin_bits,
                     est_seconds_per_block=est,
+                    check=None if chk is None else with_stage_need(chk, noise),
+                    check_products=chk_products,
+                    check_depth=chk_depth,
+                    check_consumed_bits=chk_consumed,
                 )
                 candidates.append(plan)
                 break  # a larger ring for the same spec is never cheaper per slot here
@@ -372,3 +456,56 @@ def plan_hts(
     near = [c for c, t in zip(candidates, per_slot) if t <= fastest * (1 + UPLOAD_TOLERANCE)]
     return min(near, key=lambda c: (c.digits.digits, c.est_seconds_per_block / c.slots))
 
+
+
+@functools.lru_cache(maxsize=1024)
+def _check_cost(chk: DigitCheck | None, noise: NoiseModel) -> tuple[int, int, float]:
+    """(products per node and block, depth, budget consumed over CHECK_GROUP_BLOCKS blocks)."""
+    if chk is None:
+        return 0, 0, 0.0
+    one, _ = trace_check(chk, noise, 1e4, blocks=1)
+    _, out = trace_check(chk, noise, 1e4, blocks=CHECK_GROUP_BLOCKS)
+    return one.products, out.depth, 1e4 - out.budget
+
+
+@functools.lru_cache(maxsize=256)
+def plan_subset(plan: HEPlan, n: int, lo: int, hi: int) -> HEPlan:
+    """HTS over ``n`` of the uploads encrypted under ``plan`` (nodes excluded after they
+    uploaded, by the digit check): the same BFV parameters, digit split and plaintext prime, the
+    circuit for n inputs keeping ranks lo..hi. Fewer inputs never need more budget in practice
+    (smaller rank polynomials); it is checked, and refused with :class:`HEParameterError` if not."""
+    if n == plan.spec.n and (lo, hi) == (plan.spec.lo, plan.spec.hi):
+        return plan
+    if not 1 <= n <= plan.spec.n:
+        raise HEParameterError(f"a subset of {plan.spec.n} uploads has 1..{plan.spec.n} of them, not {n}")
+    p, prm = plan.spec.p, plan.params
+    noise = NoiseModel(prm.poly_modulus_degree, p)
+    fresh = noise.fresh(prm.data_bits)
+    best: HEPlan | None = None
+    for depth_first in (False, True):
+        spec = _spec_for(n, lo, hi, p, plan.digits, plan.spec.offset, depth_first)
+        ops = _traced(spec, noise)
+        consumed = ops.consumed
+        if fresh - consumed < plan.margin_bits - 1e-9:
+            continue
+        sec = seconds_per_product(prm.poly_modulus_degree, len(prm.coeff_bits))
+        est = ops.products * sec * (1 - _RELIN_SHARE) + ops.relins * sec * _RELIN_SHARE
+        stage_need = tuple((stage, b - (1e4 - consumed)) for stage, b in ops.stage_budget) + (("final", 0.0),)
+        cand = replace(
+            plan,
+            spec=replace(spec, stage_need=stage_need),
+            products=ops.products,
+            relins=ops.relins,
+            depth=ops.depth,
+            consumed_bits=consumed,
+            final_budget_bits=fresh - consumed,
+            est_seconds_per_block=est + n * plan.check_products * sec,
+        )
+        if best is None or cand.est_seconds_per_block < best.est_seconds_per_block:
+            best = cand
+    if best is None:
+        raise HEParameterError(
+            f"the parameters planned for {plan.spec.n} inputs ({prm.describe()}) leave too little noise "
+            f"budget for HTS over {n} of them (ranks {lo}..{hi})"
+        )
+    return best

@@ -7,6 +7,10 @@ interpolation modulo the plaintext prime p (Choffrut et al., Sec. 4.3):
 * ``Zero[u; -D, D]`` = 1 where u == 0, else 0                         (degree 2D, even),
 * ``Btw[r; lo, hi]`` = 1 where lo <= r <= hi, else 0, for a rank r in {0, ..., n-1}.
 
+and, for the digit check (:mod:`~fedsafe.privacy.he.validity`), ``V[x; 0, D] = prod_{v=0}^{D}
+(x - v)``: 0 on the allowed digits, nonzero on every other residue mod p (a product, not an
+interpolation: its value off the range is what the check is about).
+
 The polynomial through the points is unique of degree < #points, so the value on any point of
 the range is exact mod p; off the range it is meaningless (the circuit's range assumption).
 
@@ -77,6 +81,20 @@ def zero_poly(d: int, p: int) -> tuple[int, ...]:
     """Zero[u; -d, d]: 1 for u == 0, else 0, on {-d..d}."""
     pts = list(range(-d, d + 1))
     return tuple(interpolate(pts, [1 if u == 0 else 0 for u in pts], p))
+
+
+@functools.lru_cache(maxsize=None)
+def valid_poly(d: int, p: int) -> tuple[int, ...]:
+    """V[x; 0, d] = prod_{v=0}^{d} (x - v) mod p: 0 exactly on the allowed digits {0..d}.
+
+    p is prime, so a product of factors that are all nonzero mod p is nonzero: V(x) != 0 for
+    every residue x outside {0..d} (needs d < p). Degree d + 1; the constant term is 0."""
+    if not 0 <= d < p:
+        raise ValueError(f"digit range 0..{d} must lie inside Z_{p}")
+    coeffs = [1]
+    for v in range(d + 1):  # multiply by (x - v)
+        coeffs = [(a - v * b) % p for a, b in zip([0] + coeffs, coeffs + [0])]
+    return tuple(coeffs)
 
 
 @functools.lru_cache(maxsize=None)
