@@ -36,10 +36,15 @@ CASES = {
     "dp_audit": {"dp": {**DP, "placement": "central"}, "audit": {"canaries": 4}, "clients": {"algorithm": "fedavg"}},
     "zeroth_order": {"clients": {"gradient": "zeroth_order"}, "zo": {"k": 4}},
     "secagg_distributed_dp": {"protocol": "secagg", "dp": {**DP, "placement": "distributed"}},
+    # the encoding ranges follow the adaptive clip norm and the noise: the nodes get them in SETUP
+    "secagg_distributed_dp_adaptive": {
+        "protocol": "secagg", "dp": {**DP, "placement": "distributed", "adaptive": True, "count_stddev": 1.0},
+    },
     "secagg_emulated_dropouts": {"protocol": "secagg", "clients": {"algorithm": "fedavg"}, "secagg": {"dropout": 0.2}},
 }
 COMPARED = ("train_loss", "test_loss", "test_accuracy", "epsilon", "clip", "attack_success_rate", "skipped",
-            "secagg_survivors", "byzantine", "participants")
+            "secagg_survivors", "byzantine", "participants", "secagg_clipped_clients", "secagg_clipped_coordinates",
+            "secagg_clip_probability", "dp_noise_shares")
 
 
 def _rows(run: Path) -> list[dict]:

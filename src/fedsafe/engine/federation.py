@@ -176,6 +176,9 @@ class Federation:
         for p in self.plugins:
             dim = p.message_dim(dim)
         self.message_dim = dim
+        bind = getattr(self.protocol, "bind_plugins", None)
+        if bind is not None:  # secagg sizes its encoding ranges from what DP declares of the messages
+            bind(self.plugins)
         self._preflight_protocol(dim)
         self.ema = None
         if cfg.server.ema is not None:

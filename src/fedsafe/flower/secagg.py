@@ -56,7 +56,9 @@ class FlowerSecAgg(SecAggProtocol):
         super().__init__(config)
         self.nodes = nodes
 
-    def run_parties(self, inputs: dict[int, np.ndarray], ctx: RoundContext, drop_at: dict[int, str]) -> RoundOutcome:
+    def run_parties(
+        self, inputs: dict[int, np.ndarray], ctx: RoundContext, drop_at: dict[int, str], ranges: Any = None,
+    ) -> RoundOutcome:
         cfg = self.config
         stages = cfg.stages
         ids = sorted(inputs)
@@ -64,7 +66,7 @@ class FlowerSecAgg(SecAggProtocol):
         net = InMemoryTransport()
         server = ServerParty(
             ids, cfg, dim, net, round_=ctx.round, rand=crypto.OsRandomness(),
-            graph_rng=numpy_stream(ctx.seed, "secagg.graph", ctx.round),
+            graph_rng=numpy_stream(ctx.seed, "secagg.graph", ctx.round), ranges=ranges,  # announced in SETUP
         )
         index = {s: i for i, s in enumerate(stages)}
         offline_from = {c: index[s] for c, s in drop_at.items()}
@@ -115,11 +117,12 @@ class FlowerSecAgg(SecAggProtocol):
         dropped = {s: tuple(sorted(c for c, j in offline_from.items() if j == index[s])) for s in stages}
         return RoundOutcome(
             total=server.total, survivors=server.survivors, participants=tuple(ids), bits=cfg.bits,
-            quant_bits=server.quant_bits, clip=float(cfg.clip), threshold=server.threshold, neighbours=server.k,
+            quant_bits=server.quant_bits, ranges=server.ranges, threshold=server.threshold, neighbours=server.k,
             dropped=dropped, aborted_clients=tuple(sorted(set(aborted))), stage_seconds=stage_seconds,
             client_seconds=client_seconds, server_seconds=server_seconds,
             bytes_up={c: net.bytes_sent[c] for c in ids}, bytes_down={c: net.bytes_received[c] for c in ids},
             server_log=list(server.log), rejected=[str(e) for e in server.rejected] + rejected,
+            clip_stats=server.clip_stats,
         )
 
 

@@ -273,13 +273,13 @@ class KeySubstitutingServer(ServerParty):
             mk.append((v + 1, p.mask_key_share))
             sd.append((v + 1, p.seed_share))
         sk = X25519PrivateKey.from_private_bytes(combine(mk, self.threshold))
-        expand = crypto.MaskExpander(self.dim, self.dtype)
+        expand = crypto.MaskExpander(self.width, self.dtype)  # the update's words, then the clipping statistics
         x = self.kept["masked"].copy()
         np.subtract(x, expand(combine(sd, self.threshold)), out=x)
         for v in sorted(self._forwarded[v0]):
             s = crypto.agree(sk, crypto.public_bytes(self.fake[v][1]), session=self.session, purpose="mask", a=v0, b=v)
             (np.subtract if v0 < v else np.add)(x, expand(s), out=x)
-        return fixedpoint.reduce(x, self.bits)
+        return fixedpoint.reduce(x, self.bits)[: self.dim]
 
 
 def test_semi_honest_mode_trusts_the_server_to_relay_keys_a_substituting_server_reads_an_input():

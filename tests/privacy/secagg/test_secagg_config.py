@@ -31,11 +31,12 @@ def test_sum_of_extreme_encodings_is_exact():
     cfg = SecAggConfig(bits=16)
     n = 100
     q = cfg.effective_quant_bits(n)
-    top = encode(np.full(5, 1e9), cfg.clip, q, cfg.bits)  # clipped to +clip: the top level
+    assert cfg.clip == "auto" and cfg.fixed_clip == 1.0  # without DP, "auto" is [-1, 1]
+    top = encode(np.full(5, 1e9), cfg.fixed_clip, q, cfg.bits)  # clipped to +clip: the top level
     assert int(top[0]) == 2**q - 1
     total = sum(top.astype(np.int64) for _ in range(n))
     assert (total < 2**16).all()
-    assert np.allclose(decode_mean(total, n, cfg.clip, q), cfg.clip)
+    assert np.allclose(decode_mean(total, n, cfg.fixed_clip, q), cfg.fixed_clip)
 
 
 @settings(max_examples=60, deadline=None)

@@ -83,13 +83,13 @@ def recover(server, victim):
     t = server.threshold
     seed = combine(server._seed_points[victim], t)
     sk = X25519PrivateKey.from_private_bytes(combine(server._key_points[victim], t))
-    expand = crypto.MaskExpander(server.dim, server.dtype)
+    expand = crypto.MaskExpander(server.width, server.dtype)  # the update's words, then the clipping statistics
     x = server.kept[victim].copy()
     np.subtract(x, expand(seed), out=x)
     for v in sorted(server._forwarded[victim]):
         s = crypto.agree(sk, server.pks[v][1], session=server.session, purpose="mask", a=victim, b=v)
         (np.subtract if victim < v else np.add)(x, expand(s), out=x)
-    return fixedpoint.reduce(x, server.bits)
+    return fixedpoint.reduce(x, server.bits)[: server.dim]
 
 
 @pytest.mark.parametrize(

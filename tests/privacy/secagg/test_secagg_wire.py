@@ -57,7 +57,7 @@ def pk(i):
 
 
 SAMPLES = {
-    MsgType.SETUP: (Header(MsgType.SETUP, SESSION, 1, SERVER, 0), Setup(D, 32, 28, 2, 1.0, (1, 2))),
+    MsgType.SETUP: (Header(MsgType.SETUP, SESSION, 1, SERVER, 0), Setup(D, 32, 28, 2, ((D - 1, -1.0, 1.0), (1, -0.5, 1.5)), (1, 2))),
     MsgType.ADVERTISE: (Header(MsgType.ADVERTISE, SESSION, 1, 0, SERVER), Advertise(pk(1), pk(2))),
     MsgType.KEYS: (Header(MsgType.KEYS, SESSION, 1, SERVER, 0), Keys(((1, pk(3), pk(4)), (2, pk(5), pk(6))))),
     MsgType.SHARES: (Header(MsgType.SHARES, SESSION, 1, 0, SERVER), Shares(((1, b"a" * SEALED_BYTES), (2, b"b" * SEALED_BYTES)))),
@@ -107,7 +107,16 @@ def test_share_plaintext_round_trip_and_checks():
         (MsgType.ADVERTISE, lambda b: b[:HEADER_BYTES] + pk(1) + pk(1), "s_pk"),
         (MsgType.SETUP, lambda b: b[:HEADER_BYTES] + struct.pack("!I", 0) + b[HEADER_BYTES + 4 :], "dim"),
         (MsgType.SETUP, lambda b: b[:HEADER_BYTES + 4] + b"\x08" + b[HEADER_BYTES + 5 :], "bits"),
-        (MsgType.SETUP, lambda b: b[:HEADER_BYTES + 8] + struct.pack("!d", float("nan")) + b[HEADER_BYTES + 16 :], "clip"),
+        # ranges: runs u16 at +8, then (length u32 | lo f64 | hi f64) per run from +10
+        (MsgType.SETUP, lambda b: b[:HEADER_BYTES + 14] + struct.pack("!d", float("nan")) + b[HEADER_BYTES + 22 :],
+         "ranges[0]"),
+        (MsgType.SETUP, lambda b: b[:HEADER_BYTES + 14] + struct.pack("!d", 2.0) + b[HEADER_BYTES + 22 :], "ranges[0]"),
+        (MsgType.SETUP, lambda b: b[:HEADER_BYTES + 14] + struct.pack("!dd", -1e308, 1e308) + b[HEADER_BYTES + 30 :],
+         "ranges[0]"),  # a width that overflows
+        (MsgType.SETUP, lambda b: b[:HEADER_BYTES + 10] + struct.pack("!I", D - 2) + b[HEADER_BYTES + 14 :], "ranges"),
+        (MsgType.SETUP, lambda b: b[:HEADER_BYTES + 10] + struct.pack("!I", 0) + b[HEADER_BYTES + 14 :],
+         "ranges[0].length"),
+        (MsgType.SETUP, lambda b: b[:HEADER_BYTES + 8] + struct.pack("!H", 0) + b[HEADER_BYTES + 10 :], "ranges.count"),
         (MsgType.SETUP, lambda b: b[:-4] + struct.pack("!I", 0), "neighbours"),  # lists the recipient
         (MsgType.SETUP, lambda b: b[:-4] + struct.pack("!I", 1), "neighbours"),  # repeated id
         (MsgType.KEYS, lambda b: b[:HEADER_BYTES] + struct.pack("!H", 3) + b[HEADER_BYTES + 2 :], "entries[2].id"),
@@ -116,7 +125,7 @@ def test_share_plaintext_round_trip_and_checks():
         (MsgType.UNMASK_REQUEST, lambda b: b[:-4] + struct.pack("!I", 2), "dropped"),
         (MsgType.UNMASK, lambda b: b[:HEADER_BYTES + 6] + b"\x07" + b[HEADER_BYTES + 7 :], "entries[0].kind"),
         (MsgType.UNMASK, lambda b: b[:-33] + PRIME.to_bytes(33, "big"), "entries[1].share"),
-        (MsgType.UNMASK, lambda b: b[:2] + b"\x02" + b[3:], "version"),
+        (MsgType.UNMASK, lambda b: b[:2] + b"\x01" + b[3:], "version"),  # version 1: one clip in SETUP
         (MsgType.UNMASK, lambda b: b[:3] + b"\x63" + b[4:], "type"),
         (MsgType.UNMASK, lambda b: b[:3] + bytes([MsgType.KEYS]) + b[4:], "sender"),  # downlink type from a client
         (MsgType.SIGNED_ADVERTISE, lambda b: b[:-1], "signature"),

@@ -64,6 +64,20 @@ class DPPlugin(Plugin):
     def message_dim(self, dim: int) -> int:
         return dim + 1 if self.plan.adaptive else dim
 
+    def message_ranges(self, dim: int) -> list[tuple[int, float, float, float]]:
+        """What an honest message of ``dim`` coordinates holds, for a protocol that encodes it in
+        a bounded range (secagg): runs of ``(length, lo, hi, noise std)``. The update's
+        coordinates lie in [-C, C] (its L2 norm is at most C) and each client adds N(0, σ²) to
+        them (σ = z_Δ C/√n_s for a distributed share, zC for local noise, 0 for central); with
+        adaptive clipping, the last coordinate is the bit, in [0, 1], with σ_b/√n_s."""
+        p = self.plan
+        shares = p.noise_shares if p.placement == "distributed" else 1
+        std = 0.0 if p.placement == "central" else p.value_z * self.clip / math.sqrt(shares)
+        if not p.adaptive:
+            return [(dim, -self.clip, self.clip, std)]
+        std_b = p.count_stddev / math.sqrt(shares) if p.placement == "distributed" else 0.0
+        return [(dim - 1, -self.clip, self.clip, std), (1, 0.0, 1.0, std_b)]
+
     def transform_honest(self, updates: Tensor, ctx: RoundContext, ids: np.ndarray) -> Tensor:
         """Clip each row to C; add each client's noise (local, distributed) from its own stream
         ``("dp.client_noise", round, client id)`` under this instance's seed, so that a remote
@@ -136,10 +150,13 @@ class DPPlugin(Plugin):
 
     def _honest_shares(self, agg: Aggregate | None) -> int:
         """Honest clients whose noise share is inside the aggregate. A protocol that does not
-        say which vectors it aggregated (``included`` None) gets no credit: 0."""
+        say which vectors it aggregated (``included`` None) gets no credit: 0. Shares the
+        protocol's encoding may have clipped (secagg with an explicit range too narrow for the
+        noise: ``metrics["secagg_uncredited_shares"]``) are not credited either."""
         if agg is None or agg.included is None:
             return 0
-        return len(self._honest.intersection(int(i) for i in agg.included))
+        n = len(self._honest.intersection(int(i) for i in agg.included))
+        return max(0, n - int(agg.metrics.get("secagg_uncredited_shares", 0)))
 
     def transform_aggregate(self, vector: Tensor, ctx: RoundContext, agg: Aggregate | None) -> Tensor:
         p = self.plan

@@ -2,7 +2,9 @@
 and SecAgg+ (Bell et al. 2020) with a random k-regular neighbour graph — real parties
 exchanging bytes.
 
-Modules: ``config`` (parameters, threshold, k, capacity), ``fixedpoint`` (Z_{2^bits} encoding),
+Modules: ``config`` (parameters, threshold, k, capacity), ``fixedpoint`` (Z_{2^bits} encoding
+with a range per run of coordinates, and the clipping statistics), ``ranges`` (ranges from the
+DP clip norm and noise with a tail bound on clipping),
 ``shamir`` (secret sharing), ``crypto`` (X25519/HKDF, AES-GCM, AES-CTR masks, Ed25519), ``pki``
 (the simulated PKI and what is signed), ``graph``, ``wire`` (message format), ``transport``,
 ``client`` / ``server`` (the parties), ``session`` (one round in process), ``protocol`` (the
@@ -60,7 +62,9 @@ Out of scope: the server still chooses who takes part and which honest clients t
 SecAgg+ ``t`` is per group, so ``t`` signatures do not pin one global U3 (per-client safety
 still rests on ``2 t > g + c``); the server can always abort a round or output a wrong sum (no
 integrity); malicious clients may send any input (robustness needs individual updates, which
-secure aggregation hides); enrolment itself is trusted; timing and traffic analysis.
+secure aggregation hides); enrolment itself is trusted; timing and traffic analysis; the
+encoding ranges, which the server announces and the clients do not check against their own DP
+parameters (a server that narrows them clips the clients' distributed noise).
 """
 
 

@@ -103,6 +103,7 @@ class ClientParty:
         self.transport = transport
         self.rand = rand or crypto.OsRandomness()
         self._vector: np.ndarray | None = np.asarray(vector)
+        self.clipped: int | None = None  # coordinates its encoding clipped (known to this client only)
         self.stage = "setup"
         self.session: bytes | None = None
         self.rejected: list[SecAggError] = []
@@ -255,14 +256,19 @@ class ClientParty:
         self.stage = "unmask" if self.identity is None else "consistency"
 
     def masked_input(self, partners: list[int]) -> np.ndarray:
-        """``x + PRG(b) +- PRG(s_uv)`` over ``partners`` in Z_{2^bits} (the client-side cost)."""
+        """``x + PRG(b) +- PRG(s_uv)`` over ``partners`` in Z_{2^bits} (the client-side cost).
+
+        ``x`` is the update encoded in the announced ranges, followed by the two clipping
+        statistics (whether this client clipped a coordinate, and how many): masked like the
+        update, so the server learns only their sums. ``clipped`` keeps the count."""
         p = self.params
         x = np.asarray(self._vector, dtype=np.float64).reshape(-1)
         if x.size != p.dim:
             raise self._abort(f"update has {x.size} coordinates, the round expects {p.dim}")
         dtype = fixedpoint.word_dtype(p.bits)
-        y = fixedpoint.encode(x, p.clip, p.quant_bits, p.bits)
-        expand = crypto.MaskExpander(p.dim, dtype)
+        y, self.clipped = fixedpoint.encode_counting(x, fixedpoint.Ranges(p.ranges), p.quant_bits, p.bits)
+        y = np.concatenate([y, fixedpoint.encode_stats(self.clipped, p.dim, p.quant_bits, p.bits)])
+        expand = crypto.MaskExpander(y.size, dtype)
         np.add(y, expand(self._seed), out=y)
         for v in partners:
             seed = crypto.agree(

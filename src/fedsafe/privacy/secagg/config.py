@@ -2,12 +2,25 @@
 
 Choices (documented here once, used everywhere):
 
-* **Fixed point.** Each coordinate is clipped to ``[-clip, clip]``, shifted to ``[0, 2 clip]``
-  and rounded to the nearest of ``2^q`` levels, i.e. an integer in ``[0, 2^q)``. The sum of
-  ``n`` such integers is below ``n (2^q - 1)``; requiring ``n (2^q - 1) < 2^bits`` makes the sum
-  exact in ``Z_{2^bits}`` — overflow is impossible by construction, not by luck. ``q`` is
-  ``quant_bits`` when given, else the largest value meeting that inequality (capped at 52, the
-  resolution of a float64).
+* **Fixed point.** Each coordinate is clipped to its range ``[lo, hi]``, shifted to
+  ``[0, hi - lo]`` and rounded to the nearest of ``2^q`` levels, i.e. an integer in ``[0, 2^q)``.
+  The sum of ``n`` such integers is below ``n (2^q - 1)``; requiring ``n (2^q - 1) < 2^bits``
+  makes the sum exact in ``Z_{2^bits}`` — overflow is impossible by construction, not by luck,
+  whatever the ranges. ``q`` is ``quant_bits`` when given, else the largest value meeting that
+  inequality (capped at 52, the resolution of a float64).
+* **Ranges** (``clip``). A number ``c``: every coordinate in ``[-c, c]``, as the user asked.
+  ``"auto"`` (the default): without DP, ``[-1, 1]``; with DP (``dp.placement`` ``local`` or
+  ``distributed``; ``central`` cannot run under secagg), a range per kind of message coordinate,
+  derived each round from what the DP plugin declares (:mod:`.ranges`): the update's
+  coordinates lie in ``[-C, C]`` (an update clipped to L2 norm ``C``, the current clip norm),
+  the adaptive-clipping bit in ``[0, 1]``, and each client adds Gaussian noise of std ``σ`` to
+  them (``z C / sqrt(n_s)`` and ``σ_b / sqrt(n_s)`` for distributed shares, ``z C`` for local
+  noise). Each range is widened by ``k σ``, with ``k`` the smallest factor such that, by a union
+  bound over the round's ``n`` clients and ``d`` coordinates, ``P(any coordinate clipped) <=
+  n d 2 Φ(-k) = clip_probability`` (default ``1e-15``; ``k`` is about 9–11 for any realistic
+  ``n d``). The encoder counts the coordinates it clips, and every client adds two more masked
+  words — whether it clipped and how many coordinates — so the server learns only their sums,
+  like the rest of the input (``secagg_clipped_clients``, ``secagg_clipped_coordinates``).
 * **Threshold.** Every client Shamir-shares its secrets among its *share group*: itself and its
   neighbours (all other participants for the complete graph, Bonawitz et al. 2017; ``k``
   neighbours for SecAgg+, Bell et al. 2020), so the group has ``g = n`` or ``g = k + 1``
@@ -34,11 +47,14 @@ Choices (documented here once, used everywhere):
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from fedsafe.privacy.secagg.errors import SecAggError
+
+if TYPE_CHECKING:
+    from fedsafe.privacy.secagg.fixedpoint import Ranges
 
 STAGES = ("advertise", "share", "mask", "unmask")  # semi-honest protocol
 ACTIVE_STAGES = ("advertise", "share", "mask", "consistency", "unmask")  # adversary = "active"
@@ -58,7 +74,16 @@ class SecAggConfig(BaseModel):
         None, ge=1, le=MAX_QUANT_BITS,
         description="levels 2^quant_bits per coordinate; default: the most that cannot overflow",
     )
-    clip: float = Field(1.0, gt=0, allow_inf_nan=False, description="coordinates clipped to [-clip, clip]")
+    clip: float | Literal["auto"] = Field(
+        "auto",
+        description="coordinates clipped to [-clip, clip]; 'auto': [-1, 1] without DP, with DP a range per kind of "
+        "coordinate from the DP clip norm and noise, widened so that clipping noise has probability <= clip_probability",
+    )
+    clip_probability: float = Field(
+        1e-15, gt=0, lt=1, allow_inf_nan=False,
+        description="with DP: the tail bound of 'auto' ranges, P(any client's noisy coordinate clipped in a round); "
+        "an explicit clip that exceeds it is warned about, and its clipped shares are not credited",
+    )
     threshold: int | float = Field(
         0.5, description="fraction f in [0.5, 1) of each share group (t = floor(f g) + 1), or a count t "
         "with g/2 < t <= g",
@@ -100,6 +125,19 @@ class SecAggConfig(BaseModel):
                 "valid: a fraction in [0.5, 1), or a count t with g/2 < t <= g"
             )
         return v
+
+    @field_validator("clip", mode="before")
+    @classmethod
+    def _clip(cls, v: object) -> object:
+        if isinstance(v, str):
+            if v != "auto":
+                raise ValueError(f"secagg.clip must be a number > 0 or 'auto', got {v!r}")
+            return v
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ValueError(f"secagg.clip must be a number > 0 or 'auto', got {v!r}")
+        if not math.isfinite(v) or v <= 0:
+            raise ValueError(f"secagg.clip must be a finite number greater than 0 (or 'auto'), got {v}")
+        return float(v)
 
     @field_validator("dropout_stages")
     @classmethod
@@ -192,17 +230,28 @@ class SecAggConfig(BaseModel):
         self.share_threshold(num_clients)
         return q
 
-    def quantization_step(self, n: int) -> float:
-        """Distance between quantization levels: ``2 clip / (2^q - 1)``."""
-        return 2.0 * self.clip / ((1 << self.effective_quant_bits(n)) - 1)
+    @property
+    def fixed_clip(self) -> float:
+        """The range half-width without DP: ``clip``, or 1.0 for ``"auto"``."""
+        return 1.0 if self.clip == "auto" else float(self.clip)
 
-    def quantization_error_bound(self, n: int) -> float:
+    def quantization_step(self, n: int, ranges: Ranges | None = None) -> float:
+        """Largest distance between quantization levels: ``(hi - lo) / (2^q - 1)`` of the widest
+        range (``2 clip / (2^q - 1)`` for ``[-clip, clip]``; ``ranges`` default: that one)."""
+        q = self.effective_quant_bits(n)
+        if ranges is None:
+            return 2.0 * self.fixed_clip / ((1 << q) - 1)
+        return max(ranges.steps(q))
+
+    def quantization_error_bound(self, n: int, ranges: Ranges | None = None) -> float:
         """Per-coordinate bound on |decoded mean - mean of the clipped inputs| in a round of ``n``
-        participants: half a step, ``clip / (2^q - 1)`` (each input is rounded to the nearest
-        level, and a mean of such errors is bounded the same way), plus ``4 eps clip`` for the
-        float64 arithmetic of encoding and decoding (``eps = 2^-52``; it matters only for
-        ``q`` near 52). Clipping error comes on top and depends on the data."""
-        return self.quantization_step(n) / 2.0 + 4.0 * 2.0**-52 * self.clip
+        participants: half a step, ``(hi - lo) / (2 (2^q - 1))`` (each input is rounded to the
+        nearest level, and a mean of such errors is bounded the same way), plus ``4 eps m`` for
+        the float64 arithmetic of encoding and decoding (``eps = 2^-52``, ``m`` the largest
+        ``|lo|``, ``|hi|``; it matters only for ``q`` near 52). Clipping error comes on top and
+        depends on the data."""
+        m = self.fixed_clip if ranges is None else ranges.max_abs()
+        return self.quantization_step(n, ranges) / 2.0 + 4.0 * 2.0**-52 * m
 
 
 def min_threshold(g: int) -> int:

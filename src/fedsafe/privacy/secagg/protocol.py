@@ -4,12 +4,32 @@ Each round runs the full multi-party protocol (:func:`session.run_round`) among 
 per message and a server party, over an in-memory transport that counts bytes. The server ends
 with the exact integer sum of the survivors' quantized updates and nothing else; the aggregate
 is that sum decoded and divided by the number of survivors (the ``mean`` rule over survivors).
+
+Encoding ranges (``secagg.clip``, see :mod:`.config` and :mod:`.ranges`): the engine hands the
+protocol its round plugins (:meth:`SecAggProtocol.bind_plugins`); one that declares
+``message_ranges(dim)`` (DP) says, per run of coordinates, the bounds of an honest message and
+the std of each client's noise on it, and with ``clip = "auto"`` every round's ranges are
+derived from that declaration (at the plugin's current clip norm) with the tail bound
+``secagg.clip_probability``. The same ranges go to the parties over Flower
+(:class:`fedsafe.flower.secagg.FlowerSecAgg` is this protocol).
+
+Clipping, and what the accountant credits. Every round reports ``secagg_clipped_clients`` and
+``secagg_clipped_coordinates`` (sums of two more masked words per client: the server learns
+nothing per client), ``secagg_clipped_fraction`` and, with a declaration,
+``secagg_clip_probability`` (the a-priori bound for the ranges used). With ranges that meet the
+tail bound, clipping an honest client's noise is an event of probability at most
+``clip_probability`` for every dataset, paid for in δ (:mod:`.ranges`), so every honest share
+stays credited; a clip the count still shows then comes from a message outside the declared
+bounds (a Byzantine client's), which carries no credited noise anyway. With ranges that do not
+meet it (an explicit ``secagg.clip``, warned about), the clients that clipped are reported as
+``secagg_uncredited_shares``, and the DP plugin does not credit that many honest noise shares.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,10 +39,11 @@ from torch import Tensor
 from fedsafe.core.errors import ProtocolError
 from fedsafe.core.streams import numpy_stream
 from fedsafe.core.types import Aggregate, Message, RoundContext
-from fedsafe.privacy.secagg import crypto
+from fedsafe.privacy.secagg import crypto, fixedpoint
 from fedsafe.privacy.secagg.config import SecAggConfig
 from fedsafe.privacy.secagg.errors import SecAggError
 from fedsafe.privacy.secagg.pki import Enrolment
+from fedsafe.privacy.secagg.ranges import NoisyRun, as_runs, clip_probability, derive
 from fedsafe.privacy.secagg.session import RoundOutcome, run_round, seeded_randomness
 from fedsafe.robust.pipeline import RobustPipeline
 
@@ -59,6 +80,8 @@ class SecAggProtocol:
         self.client_transform = client_transform
         self.last_outcome: RoundOutcome | None = None
         self.enrolment: Enrolment | None = None
+        self._declares: list[Any] = []  # plugins declaring message_ranges (bind_plugins)
+        self._warned = False
         if self.config.adversary == "active":
             seeded = key_seed is not None
             self.enrolment = Enrolment(
@@ -79,14 +102,76 @@ class SecAggProtocol:
                 f"robust.rule = 'mean' with no pre-aggregators, or protocol = 'plain'"
             )
 
-    def quantization_error_bound(self, num_clients: int) -> float:
+    def quantization_error_bound(self, num_clients: int, ranges: fixedpoint.Ranges | None = None) -> float:
         """Per-coordinate bound on |aggregate - mean of clipped updates| for this many survivors' round."""
-        return self.config.quantization_error_bound(num_clients)
+        return self.config.quantization_error_bound(num_clients, ranges)
 
-    def run_parties(self, inputs: dict[int, np.ndarray], ctx: RoundContext, drop_at: dict[int, str]) -> RoundOutcome:
-        """Run the round's parties on ``inputs`` (client id -> float vector): here, in this process
-        (or on Ray actors), over the in-memory transport; ``fedsafe.flower`` runs them on the
-        SuperNodes instead."""
+    # --- encoding ranges ------------------------------------------------------------------------
+
+    def bind_plugins(self, plugins: Sequence[Any]) -> None:
+        """The engine's round plugins: those with ``message_ranges(dim)`` (DP) declare what the
+        messages hold, from which ``clip = "auto"`` derives the ranges each round."""
+        self._declares = [p for p in plugins if callable(getattr(p, "message_ranges", None))]
+
+    def declared_runs(self, dim: int) -> tuple[NoisyRun, ...] | None:
+        """What the bound plugins declare of ``dim``-coordinate messages now (None: nothing)."""
+        if not self._declares:
+            return None
+        runs = as_runs(self._declares[0].message_ranges(dim))
+        if sum(r.length for r in runs) != dim:
+            raise SecAggError(f"plugin {self._declares[0].name!r} declares ranges for "
+                              f"{sum(r.length for r in runs)} coordinates, the messages have {dim}")
+        return runs
+
+    def ranges(self, dim: int, clients: int) -> tuple[fixedpoint.Ranges, float | None]:
+        """This round's encoding of ``dim``-coordinate messages from ``clients`` clients, and the
+        bound on the probability that it clips some honest client's noise (None when no plugin
+        declares noise: without DP only the user's range exists)."""
+        cfg = self.config
+        runs = self.declared_runs(dim)
+        if runs is None:
+            return fixedpoint.Ranges.uniform(dim, cfg.fixed_clip), None
+        if cfg.clip == "auto":
+            ranges, _ = derive(runs, clients, cfg.clip_probability)
+        else:
+            ranges = fixedpoint.Ranges.uniform(dim, float(cfg.clip))
+        return ranges, clip_probability(ranges, runs, clients)
+
+    def meets_bound(self, p: float) -> bool:
+        """Whether ranges whose clip probability is ``p`` meet ``secagg.clip_probability`` ("auto"
+        ranges do by construction; the slack absorbs the rounding of Φ and its inverse)."""
+        return self.config.clip == "auto" or p <= self.config.clip_probability * (1 + 1e-6)
+
+    def _warn_explicit(self, ranges: fixedpoint.Ranges, p: float, clients: int, dim: int) -> None:
+        if self._warned or self.meets_bound(p):
+            return
+        self._warned = True
+        runs = self.declared_runs(dim)
+        auto, _ = derive(runs, clients, self.config.clip_probability)
+        need = ", ".join(f"[{lo:.4g}, {hi:.4g}] x {n}" for n, lo, hi in auto.runs)
+        warnings.warn(
+            f"secagg.clip = {self.config.clip} clips the clients' DP noise with probability up to {p:.3g} per round "
+            f"(above secagg.clip_probability = {self.config.clip_probability:g}; with {clients} clients the auto "
+            f"ranges would be {need}): the aggregate is biased, and under distributed DP the noise shares of "
+            "clients that clip are not credited by the accountant; use secagg.clip = 'auto'",
+            UserWarning, stacklevel=3,
+        )
+
+    def preflight(self, n: int, pipeline: RobustPipeline, *, dim: int) -> None:
+        """Config-time: warn when an explicit ``secagg.clip`` would clip the declared noise."""
+        if self.config.clip == "auto" or not self._declares or n < 1:
+            return
+        ranges, p = self.ranges(dim, n)
+        if p is not None:
+            self._warn_explicit(ranges, p, n, dim)
+
+    def run_parties(
+        self, inputs: dict[int, np.ndarray], ctx: RoundContext, drop_at: dict[int, str],
+        ranges: fixedpoint.Ranges | None = None,
+    ) -> RoundOutcome:
+        """Run the round's parties on ``inputs`` (client id -> float vector), encoded in
+        ``ranges``: here, in this process (or on Ray actors), over the in-memory transport;
+        ``fedsafe.flower`` runs them on the SuperNodes instead."""
         randomness = seeded_randomness(self.key_seed, ctx.round) if self.key_seed is not None else None
         factory = None
         if self.config.placement == "ray":
@@ -96,7 +181,7 @@ class SecAggProtocol:
         return run_round(
             inputs, self.config, round_=ctx.round, drop_at=drop_at, randomness=randomness,
             graph_rng=numpy_stream(ctx.seed, "secagg.graph", ctx.round), client_factory=factory,
-            enrolment=self.enrolment,
+            enrolment=self.enrolment, ranges=ranges,
         )
 
     def aggregate(self, messages: list[Message], pipeline: RobustPipeline, ctx: RoundContext) -> Aggregate:
@@ -131,7 +216,11 @@ class SecAggProtocol:
                 nonfinite += 1
                 drop_at[cid] = "advertise"
 
-        out = self.run_parties(inputs, ctx, drop_at)
+        dim = int(np.prod(shape)) if len(shape) else 1
+        ranges, p_clip = self.ranges(dim, len(messages))
+        if p_clip is not None:
+            self._warn_explicit(ranges, p_clip, len(messages), dim)
+        out = self.run_parties(inputs, ctx, drop_at, ranges)
         self.last_outcome = out
         vector = torch.from_numpy(out.mean()).to(dtype).reshape(shape)
         pipeline.previous = vector  # what pipeline(...) would have remembered
@@ -160,17 +249,54 @@ class SecAggProtocol:
             "secagg_threshold": float(out.threshold),
             "secagg_neighbours": float(out.neighbours),
             "secagg_quant_bits": float(out.quant_bits),
-            "secagg_quant_error_bound": cfg.clip / ((1 << out.quant_bits) - 1) + 4.0 * 2.0**-52 * cfg.clip,
+            "secagg_quant_error_bound": max(out.ranges.steps(out.quant_bits)) / 2 + 4.0 * 2.0**-52 * out.ranges.max_abs(),
             "secagg_rejected": float(len(out.rejected)),
             "secagg_client_aborts": float(len(out.aborted_clients)),
         }
         for s in stages:
             metrics[f"secagg_dropped_{s}"] = float(len(out.dropped[s]))
+        metrics.update(self._clip_metrics(out, dim, p_clip))
         seen = {
             "server": out.server_log,  # type, sender and size of every message; no vector
             "transport": {"bytes_up": dict(out.bytes_up), "bytes_down": dict(out.bytes_down)},
         }
         return Aggregate(vector=vector, count=len(out.survivors), cost=cost, seen=seen, metrics=metrics, included=tuple(out.survivors))
+
+
+    def _clip_metrics(self, out: RoundOutcome, dim: int, p_clip: float | None) -> dict[str, float]:
+        clients, coords = out.clipped()
+        m = {
+            "secagg_clipped_clients": float(clients),
+            "secagg_clipped_coordinates": float(coords),
+            "secagg_clipped_fraction": coords / (len(out.survivors) * dim),
+        }
+        if p_clip is not None:
+            runs = self.declared_runs(dim)
+            steps = out.ranges.steps(out.quant_bits)
+            # the worst ratio of a quantization step to the noise std it rounds, over the runs
+            ratios = [_step_on(out.ranges, steps, r, start) for r, start in _starts(runs) if r.noise_std > 0]
+            m["secagg_clip_probability"] = p_clip
+            m["secagg_uncredited_shares"] = 0.0 if self.meets_bound(p_clip) else float(clients)
+            if ratios:
+                m["secagg_quant_step_to_noise"] = max(ratios)
+        return m
+
+
+def _starts(runs: Sequence[NoisyRun]):
+    start = 0
+    for r in runs:
+        yield r, start
+        start += r.length
+
+
+def _step_on(ranges: fixedpoint.Ranges, steps: tuple[float, ...], run: NoisyRun, start: int) -> float:
+    """The largest quantization step over ``run``'s coordinates, divided by its noise std."""
+    worst, pos = 0.0, 0
+    for (n, _, _), step in zip(ranges.runs, steps):
+        if pos < start + run.length and start < pos + n:
+            worst = max(worst, step)
+        pos += n
+    return worst / run.noise_std
 
 
 def from_config(cfg: Any) -> SecAggProtocol:

@@ -67,12 +67,18 @@ _EXPECT_ACTIVE = {**_EXPECT, "advertise": MsgType.SIGNED_ADVERTISE, "consistency
 class ServerParty:
     """The aggregation server of one round among ``participants`` with ``dim``-long updates.
 
-    ``directory`` (the PKI's verification keys) is required with ``config.adversary = "active"``."""
+    ``ranges`` (a :class:`~.fixedpoint.Ranges` over ``dim`` coordinates) is the encoding it
+    announces; default ``[-c, c]`` everywhere, ``c = config.fixed_clip``. Masked inputs hold
+    ``dim`` words and then the two clipping-statistics words (:data:`.fixedpoint.CLIP_STATS`);
+    after the round, ``total`` is the sum of the update words and ``clip_stats`` that of the
+    statistics words. ``directory`` (the PKI's verification keys) is required with
+    ``config.adversary = "active"``."""
 
     def __init__(
         self, participants: Sequence[int], config: SecAggConfig, dim: int, transport: Transport, *,
         round_: int, rand: crypto.OsRandomness | crypto.SeededRandomness | None = None,
         graph_rng: np.random.Generator | None = None, directory: pki.Directory | None = None,
+        ranges: fixedpoint.Ranges | None = None,
     ) -> None:
         ids = [int(p) for p in participants]
         if len(set(ids)) != len(ids):
@@ -81,6 +87,10 @@ class ServerParty:
         self.participants = tuple(sorted(ids))
         self.config = config
         self.dim = dim
+        self.ranges = ranges if ranges is not None else fixedpoint.Ranges.uniform(dim, config.fixed_clip)
+        if self.ranges.dim != dim:
+            raise SecAggError(f"encoding ranges cover {self.ranges.dim} coordinates, the updates have {dim}")
+        self.width = dim + fixedpoint.CLIP_STATS  # words per masked input
         self.round = round_
         self.transport = transport
         self.rand = rand or crypto.OsRandomness()
@@ -93,7 +103,7 @@ class ServerParty:
         else:
             self.graph = harary_graph(ids, self.k, graph_rng if graph_rng is not None else np.random.default_rng())
         self.dtype = fixedpoint.word_dtype(self.bits)
-        self.limits = Limits(dim=dim, bits=self.bits)
+        self.limits = Limits(dim=self.width, bits=self.bits)
         self.active = config.adversary == "active"
         if self.active and directory is None:
             raise SecAggError("secagg.adversary = 'active' needs the PKI directory of the clients' verification keys")
@@ -120,6 +130,7 @@ class ServerParty:
         self._key_points: dict[int, list[tuple[int, int]]] = {}
         self.responders: list[int] = []
         self.total: np.ndarray | None = None
+        self.clip_stats: np.ndarray | None = None
         self.survivors: tuple[int, ...] = ()
         self.sets: dict[str, tuple[int, ...]] = {}
 
@@ -129,7 +140,7 @@ class ServerParty:
         """Open the round: a fresh session id, and SETUP (parameters, neighbours) to everyone."""
         self.session = self.rand.bytes(SESSION_BYTES)
         for u in self.participants:
-            body = Setup(self.dim, self.bits, self.quant_bits, self.threshold, float(self.config.clip), self.graph[u])
+            body = Setup(self.dim, self.bits, self.quant_bits, self.threshold, self.ranges.runs, self.graph[u])
             self._send(u, MsgType.SETUP, body)
 
     def step(self) -> None:
@@ -241,7 +252,7 @@ class ServerParty:
         if u not in self._forwarded:
             raise SecAggError("sent a masked input without having shared keys", sender=u, field="type")
         if self._masked_sum is None:
-            self._masked_sum = np.zeros(self.dim, dtype=self.dtype)
+            self._masked_sum = np.zeros(self.width, dtype=self.dtype)
         np.add(self._masked_sum, b.values, out=self._masked_sum)  # added, not kept
         self.u3.append(u)
 
@@ -317,7 +328,7 @@ class ServerParty:
         self.sets["U5"] = tuple(sorted(self.responders))
         self._require(len(self.responders), "answered the unmask request")
         total = self._masked_sum
-        expand = crypto.MaskExpander(self.dim, self.dtype)
+        expand = crypto.MaskExpander(self.width, self.dtype)
         for u in u3:
             seed = self._rebuild(self._seed_points.get(u, []), u, "self-mask seed")
             np.subtract(total, expand(seed), out=total)
@@ -337,7 +348,8 @@ class ServerParty:
                     np.subtract(total, expand(seed), out=total)
                 else:
                     np.add(total, expand(seed), out=total)
-        self.total = fixedpoint.reduce(total, self.bits)
+        total = fixedpoint.reduce(total, self.bits)
+        self.total, self.clip_stats = total[: self.dim], total[self.dim :]
         self._masked_sum = None
         self.survivors = tuple(u3)
 

@@ -35,7 +35,7 @@ class RoundOutcome:
     participants: tuple[int, ...]
     bits: int
     quant_bits: int
-    clip: float
+    ranges: fixedpoint.Ranges  # the encoding the server announced
     threshold: int
     neighbours: int
     dropped: dict[str, tuple[int, ...]]  # offline from this stage on (simulated)
@@ -47,10 +47,18 @@ class RoundOutcome:
     bytes_down: dict[int, int]  # per client, sent by the server
     server_log: list[dict[str, object]]
     rejected: list[str] = field(default_factory=list)
+    clip_stats: np.ndarray | None = None  # exact sum of the survivors' clipping-statistics words
 
     def mean(self) -> np.ndarray:
         """The float64 mean of the survivors' clipped updates (up to quantization)."""
-        return fixedpoint.decode_mean(self.total, len(self.survivors), self.clip, self.quant_bits)
+        return fixedpoint.decode_mean(self.total, len(self.survivors), self.ranges, self.quant_bits)
+
+    def clipped(self) -> tuple[int, int]:
+        """``(survivors that clipped a coordinate, clipped coordinates)``: all the server learns
+        of the clipping, from the securely summed statistics words."""
+        if self.clip_stats is None:
+            raise ValueError("this outcome carries no clipping statistics")
+        return fixedpoint.decode_stats(self.clip_stats, len(self.survivors), self.ranges.dim, self.quant_bits)
 
 
 def run_round(
@@ -66,6 +74,7 @@ def run_round(
     client_factory: Callable[..., object] | None = None,
     server_factory: Callable[..., ServerParty] | None = None,
     enrolment: Enrolment | None = None,
+    ranges: fixedpoint.Ranges | None = None,
 ) -> RoundOutcome:
     """Run the full protocol for ``inputs`` (client id -> float update vector).
 
@@ -80,6 +89,7 @@ def run_round(
     With ``config.adversary = "active"``, ``enrolment`` is the PKI (clients not yet enrolled are
     enrolled; default: a fresh one with OS keys): each client party gets its own identity
     (``identity=`` of the factory), the server only the directory.
+    ``ranges`` is the encoding (default ``[-c, c]`` everywhere, ``c = config.fixed_clip``).
     Raises :class:`SecAggError` when the round aborts.
     """
     stages = config.stages
@@ -104,14 +114,15 @@ def run_round(
         enrolment = enrolment if enrolment is not None else Enrolment()
         enrolment.enrol(ids)
         server = make_server(ids, config, dim, net, round_=round_, rand=rand("server"), graph_rng=graph_rng,
-                             directory=enrolment.directory)
+                             directory=enrolment.directory, ranges=ranges)
         clients = {
             c: make_client(c, inputs[c], net, round_=round_, rand=rand(f"client/{c}"),
                            identity=enrolment.identity(c))
             for c in ids
         }
     else:
-        server = make_server(ids, config, dim, net, round_=round_, rand=rand("server"), graph_rng=graph_rng)
+        server = make_server(ids, config, dim, net, round_=round_, rand=rand("server"), graph_rng=graph_rng,
+                             ranges=ranges)
         clients = {c: make_client(c, inputs[c], net, round_=round_, rand=rand(f"client/{c}")) for c in ids}
     if keep is not None:
         keep.update(server=server, clients=clients, transport=net)
@@ -156,7 +167,7 @@ def run_round(
         participants=tuple(ids),
         bits=config.bits,
         quant_bits=server.quant_bits,
-        clip=float(config.clip),
+        ranges=server.ranges,
         threshold=server.threshold,
         neighbours=server.k,
         dropped=dropped,
@@ -168,6 +179,7 @@ def run_round(
         bytes_down={c: net.bytes_received[c] for c in ids},
         server_log=list(server.log),
         rejected=rejected,
+        clip_stats=server.clip_stats,
     )
 
 

@@ -10,13 +10,16 @@ Header (32 bytes)::
 
 ``sender`` / ``recipient`` are client ids, or ``SERVER`` (0xFFFFFFFF). Bodies::
 
-    SETUP          s->c  dim u32 | bits u8 | quant_bits u8 | threshold u16 | clip f64 |
+    SETUP          s->c  dim u32 | bits u8 | quant_bits u8 | threshold u16 |
+                         runs u16 | (length u32 | lo f64 | hi f64) x runs  (encoding ranges, lengths
+                                                                            summing to dim) |
                          count u16 | neighbour ids u32 x count           (strictly increasing)
     ADVERTISE      c->s  c_pk 32B | s_pk 32B                             (distinct X25519 keys)
     KEYS           s->c  count u16 | (id u32 | c_pk 32B | s_pk 32B) x count
     SHARES         c->s  count u16 | (recipient u32 | sealed share 90B) x count
     FORWARD        s->c  count u16 | (sender u32 | sealed share 90B) x count
     MASKED         c->s  dim u32 | width u8 (4|8) | dim words of width bytes, each < 2^bits
+                         (the SETUP dim plus the two clipping-statistics words)
     UNMASK_REQUEST s->c  count u16 | survivor ids | count u16 | dropped ids (disjoint)
     UNMASK         c->s  count u16 | (owner u32 | kind u8 | share 33B) x count
 
@@ -53,7 +56,7 @@ from fedsafe.privacy.secagg.errors import SecAggError
 from fedsafe.privacy.secagg.shamir import PRIME, SHARE_BYTES
 
 MAGIC = b"SA"
-VERSION = 1
+VERSION = 2  # 2: per-run encoding ranges in SETUP, clipping statistics in MASKED
 SERVER = 0xFFFFFFFF
 SESSION_BYTES = 16
 PK_BYTES = 32
@@ -108,7 +111,7 @@ class Setup:
     bits: int
     quant_bits: int
     threshold: int
-    clip: float
+    ranges: tuple[tuple[int, float, float], ...]  # (length, lo, hi) per run of coordinates
     neighbours: tuple[int, ...]
 
 
@@ -225,7 +228,8 @@ def _ids(ids: tuple[int, ...]) -> bytes:
 
 def _encode_body(b: Body) -> bytes:
     if isinstance(b, Setup):
-        return struct.pack("!IBBHd", b.dim, b.bits, b.quant_bits, b.threshold, b.clip) + _ids(b.neighbours)
+        runs = struct.pack("!H", len(b.ranges)) + b"".join(struct.pack("!Idd", n, lo, hi) for n, lo, hi in b.ranges)
+        return struct.pack("!IBBH", b.dim, b.bits, b.quant_bits, b.threshold) + runs + _ids(b.neighbours)
     if isinstance(b, Advertise):
         return b.c_pk + b.s_pk
     if isinstance(b, Keys):
@@ -379,15 +383,26 @@ def _setup(r: _Reader, h: Header, lim: Limits) -> Setup:
     if not 1 <= q <= min(MAX_QUANT_BITS, bits - 1):
         raise r.fail("quant_bits", f"{q} outside [1, {min(MAX_QUANT_BITS, bits - 1)}]")
     t = r.u16("threshold")
-    (clip,) = r.unpack("d", "clip")
-    if not (math.isfinite(clip) and clip > 0):
-        raise r.fail("clip", f"{clip} is not a finite positive number")
+    count = r.u16("ranges.count")
+    if not 1 <= count <= dim:
+        raise r.fail("ranges.count", f"{count} runs outside [1, dim = {dim}]")
+    ranges = []
+    for i in range(count):
+        n = r.u32(f"ranges[{i}].length")
+        lo, hi = r.unpack("dd", f"ranges[{i}]")
+        if n < 1:
+            raise r.fail(f"ranges[{i}].length", "is 0")
+        if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi and math.isfinite(hi - lo)):
+            raise r.fail(f"ranges[{i}]", f"[{lo}, {hi}] is not a finite interval with lo < hi")
+        ranges.append((n, lo, hi))
+    if sum(n for n, _, _ in ranges) != dim:
+        raise r.fail("ranges", f"runs cover {sum(n for n, _, _ in ranges)} coordinates, dim is {dim}")
     nb = r.ids("neighbours", min_count=1)
     if h.recipient in nb:
         raise r.fail("neighbours", "lists the recipient itself")
     if not 2 <= t <= len(nb) + 1:
         raise r.fail("threshold", f"{t} outside [2, {len(nb) + 1}] (share group of {len(nb) + 1})")
-    return Setup(dim, bits, q, t, clip, nb)
+    return Setup(dim, bits, q, t, tuple(ranges), nb)
 
 
 def _key_pair(r: _Reader, prefix: str) -> tuple[bytes, bytes]:
