@@ -57,6 +57,8 @@ def _root(
 ) -> None:
     """Federated learning that is private against a curious server and robust against
     poisoning clients, and that measures both."""
+    if not import_:  # this callback runs before every command, --help included: import nothing
+        return
     from fedsafe.engine.sweep import import_user_modules
 
     try:
@@ -78,9 +80,11 @@ def run(
     """Run an experiment (or resume a killed one) and print its summary."""
     from fedsafe.config import load
     from fedsafe.engine.run import (
+        RunStopped,
         describe_os_error,
         last_checkpoint_round,
         load_run_config,
+        resume_hint,
         run_experiment,
     )
 
@@ -96,6 +100,11 @@ def run(
             cfg = load(config, set_, variant)
             target = out_dir or Path("runs") / cfg.name
         run_experiment(cfg, target, resume=resume is not None, overwrite=overwrite, quiet=quiet, console=err)
+    except RunStopped as e:  # the Ray cluster failed mid-run: what happened, and how to go on
+        for line in e.problems:
+            print(f"error: {line}", file=sys.stderr, flush=True)
+        print(resume_hint(e.out_dir, e.cfg), file=sys.stderr, flush=True)
+        raise typer.Exit(1) from None
     except FedsafeError as e:
         _fail(e)
     except OSError as e:  # a read-only or full disk met outside the run's own writes
@@ -138,17 +147,23 @@ def list_(
 @app.command()
 def report(
     runs: Annotated[list[Path], typer.Argument(help="run directories (a variants directory expands)")],
-    out_dir: Annotated[Path, typer.Option("--out", help="directory for figures and summary.csv")] = Path("report"),
+    out_dir: Annotated[Path, typer.Option("--out", help="directory for figures and summary.csv (a report folder of fedsafe's is replaced)")] = Path("report"),
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="write into a folder holding other files (only the report's own files there are replaced)")] = False,
 ) -> None:
     """Accuracy curves overlaying runs, and a table of final figures."""
+    from fedsafe.engine.outdir import describe_os_error
     from fedsafe.report import ReportError, find_runs, write_report
     from fedsafe.report import summary_table as report_table
 
     try:
-        result = write_report(runs, out_dir)
+        result = write_report(runs, out_dir, overwrite=overwrite)
         out.print(report_table(find_runs(runs)))
     except ReportError as e:
         _fail(ConfigError([str(e)]))
+    except FedsafeError as e:
+        _fail(e)
+    except OSError as e:
+        _fail(FedsafeError(describe_os_error(e, f"--out {out_dir}: cannot write")))
     for fig in result["figures"]:
         out.print(f"wrote {fig}", highlight=False)
     out.print(f"wrote {result['csv']}", highlight=False)
@@ -166,6 +181,7 @@ def sweep(
     cols: Annotated[Optional[str], typer.Option("--cols", metavar="KEY", help="heatmap columns (default attack.f)")] = None,
     worst_case: Annotated[bool, typer.Option("--worst-case", help="add a panel: minimum over the other axes")] = False,
     per: Annotated[list[str], typer.Option("--per", metavar="KEY", help="a grid axis judged separately in best_worst_case, like attack.f (repeatable)")] = [],  # noqa: B006
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="rerun every cell of an earlier sweep in --out, or write into a folder holding other files (only fedsafe's own outputs there are replaced)")] = False,
 ) -> None:
     """Run a grid of experiments; write sweep.csv, a heatmap of final accuracy, and each rule's
     best hyper-parameters under the worst attack (best_worst_case.csv / .png)."""
@@ -178,13 +194,16 @@ def sweep(
         parse_toml,
         read_toml,
     )
-    from fedsafe.core.errors import FedsafeError
+    from fedsafe.engine.outdir import describe_os_error
     from fedsafe.engine.sweep import (
         BEST_CSV,
         best_worst_case,
+        cell_configs,
         parse_grid,
+        replicates,
         run_sweep,
         split_axes,
+        sweep_folder,
         write_best_worst_case_csv,
     )
     from fedsafe.report.heatmap import has_metric, plot_best_worst_case, plot_sweep
@@ -225,28 +244,32 @@ def sweep(
             err.print(f"[{t.line}] {which}: {note}", highlight=False, soft_wrap=True, markup=False)
             bar.update(task, completed=t.done, description=t.line)
 
-        with bar:
-            task = bar.add_task("", total=None)
-            records = run_sweep(base, axes, out_dir, jobs=jobs, seeds=seeds, on_progress=show)
-        out.print(f"wrote {out_dir / 'sweep.csv'}", highlight=False)
-        out.print(f"wrote {out_dir / 'sweep_seeds.csv'}", highlight=False)
-        best = best_worst_case(records, keys, per)
-        out.print(f"wrote {write_best_worst_case_csv(out_dir / BEST_CSV, roles, best)}", highlight=False)
-        png = plot_best_worst_case(best, roles, out_dir / "best_worst_case.png")
-        out.print(f"wrote {png}", highlight=False)
-        if c is None:
-            out.print("one grid axis: no heatmap (give a second --grid for one)")
-            return
-        png = plot_sweep(records, keys, r, c, out_dir / "heatmap.png", worst_case=worst_case)
-        out.print(f"wrote {png}", highlight=False)
-        if has_metric(records, "final_attack_success_rate"):  # backdoors: their success beside accuracy
-            png = plot_sweep(records, keys, r, c, out_dir / "heatmap_asr.png", worst_case=worst_case,
-                             metric="final_attack_success_rate")
+        replicates(cell_configs(base, axes), seeds)  # every cell checked before the folder is touched
+        with sweep_folder(out_dir, overwrite=overwrite):  # held until the last figure is written
+            with bar:
+                task = bar.add_task("", total=None)
+                records = run_sweep(base, axes, out_dir, jobs=jobs, seeds=seeds, overwrite=overwrite, on_progress=show)
+            out.print(f"wrote {out_dir / 'sweep.csv'}", highlight=False)
+            out.print(f"wrote {out_dir / 'sweep_seeds.csv'}", highlight=False)
+            best = best_worst_case(records, keys, per)
+            out.print(f"wrote {write_best_worst_case_csv(out_dir / BEST_CSV, roles, best)}", highlight=False)
+            png = plot_best_worst_case(best, roles, out_dir / "best_worst_case.png")
             out.print(f"wrote {png}", highlight=False)
+            if c is None:
+                out.print("one grid axis: no heatmap (give a second --grid for one)")
+                return
+            png = plot_sweep(records, keys, r, c, out_dir / "heatmap.png", worst_case=worst_case)
+            out.print(f"wrote {png}", highlight=False)
+            if has_metric(records, "final_attack_success_rate"):  # backdoors: their success beside accuracy
+                png = plot_sweep(records, keys, r, c, out_dir / "heatmap_asr.png", worst_case=worst_case,
+                                 metric="final_attack_success_rate")
+                out.print(f"wrote {png}", highlight=False)
     except ReportError as e:
         _fail(ConfigError([str(e)]))
     except FedsafeError as e:
         _fail(e)
+    except OSError as e:  # a figure or CSV that cannot be written (the folder itself was checked)
+        _fail(FedsafeError(describe_os_error(e, f"--out {out_dir}: cannot write")))
 
 
 privacy_app = typer.Typer(no_args_is_help=True, help="Differential-privacy accounting (dp-accounting).")
@@ -321,6 +344,10 @@ def privacy_spectrum(
         user_gradients,
     )
 
+    blocked = next((p for p in out_png.parents if p.exists() and not p.is_dir()), None)
+    if out_png.is_dir() or blocked is not None:  # found before the data is loaded, not after
+        why = "is a directory; give a file name such as spectrum.png" if blocked is None else f"{blocked} is a file, not a directory"
+        _fail(ConfigError([f"--out {out_png}: {why}"]))
     try:
         cfg = load(config, [] if config else ["clients.num_clients=50", "data.test_fraction=0.1", "data.partition=iid", "model.name=logreg"])
         data = load_federated(cfg.data, cfg.clients.num_clients, cfg.seed)
@@ -333,8 +360,13 @@ def privacy_spectrum(
         _fail(e)
     curves = spectrum_curves(grads, batch_size, sigma2)
     fig = figure_spectrum(curves, sigma2, f"user {user}: D={grads.shape[0]} records, d={grads.shape[1]}")
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=120)
+    try:
+        out_png.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out_png, dpi=120)
+    except OSError as e:
+        _fail(FedsafeError(_describe_write_error(e, "--out", out_png)))
+    except ValueError as e:  # matplotlib: an extension it cannot write
+        _fail(ConfigError([f"--out {out_png}: {e}"]))
     out.print(f"wrote {out_png}", highlight=False)
 
 
@@ -358,6 +390,10 @@ def audit_gaussian(
 
     from fedsafe.audit import format_table1, gaussian_table1
 
+    if json_out is not None:  # found before the trials run, not after
+        problem = _unwritable_file(json_out)
+        if problem:
+            _fail(ConfigError([f"--json {json_out}: {problem}"]))
     try:
         targets = [float(x) for x in eps.split(",") if x.strip()]
         rows = gaussian_table1(dim, canaries, targets, delta, trials, seed, method=method)
@@ -365,7 +401,32 @@ def audit_gaussian(
         _fail(ConfigError([str(e)]))
     out.print(format_table1(rows), highlight=False)
     if json_out is not None:
-        json_out.write_text(json.dumps(rows, indent=2, default=float) + "\n")
+        try:
+            json_out.write_text(json.dumps(rows, indent=2, default=float) + "\n")
+        except OSError as e:
+            _fail(FedsafeError(_describe_write_error(e, "--json", json_out)))
+
+
+def _unwritable_file(path: Path) -> str | None:
+    """Why a file cannot be written at ``path`` (checked without writing), or None."""
+    import os
+
+    if path.is_dir():
+        return "is a directory; give a file name"
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        return f"folder {parent} does not exist" if not parent.exists() else f"{parent} is not a directory"
+    if path.exists() and not os.access(path, os.W_OK):
+        return "permission denied"
+    if not path.exists() and not os.access(parent, os.W_OK | os.X_OK):
+        return f"permission denied (cannot create files in {parent})"
+    return None
+
+
+def _describe_write_error(e: OSError, flag: str, path: Path) -> str:
+    from fedsafe.engine.outdir import describe_os_error
+
+    return describe_os_error(e, f"{flag} {path}: cannot write")
 
 
 def _flags_as_flags(cmd) -> None:

@@ -340,10 +340,17 @@ def test_best_worst_case_figure_is_readable_and_marks_not_applicable():
 def test_a_cell_directory_holding_foreign_files_fails_the_sweep_before_any_run(tmp_path):
     from fedsafe.core.errors import FedsafeError
 
+    from fedsafe.engine.sweep import SWEEP_MARKER
+
     (tmp_path / "robust.rule=median").mkdir()
     (tmp_path / "robust.rule=median" / "notes.txt").write_text("mine")
     seen = []
-    # Not "not applicable": a folder the sweep may not replace is the user's to resolve.
+    # An unmarked folder that is not empty is not fedsafe's sweep: refused as a whole.
+    with pytest.raises(FedsafeError, match="not a sweep folder fedsafe created"):
+        run_sweep(BASE, parse_grid(["robust.rule=mean,median"]), tmp_path, on_cell=lambda c, r: seen.append(c))
+    # In fedsafe's own sweep folder, not "not applicable": a cell folder the sweep may not
+    # replace is the user's to resolve.
+    (tmp_path / SWEEP_MARKER).write_text("{}")
     with pytest.raises(FedsafeError, match="robust.rule=median"):
         run_sweep(BASE, parse_grid(["robust.rule=mean,median"]), tmp_path, on_cell=lambda c, r: seen.append(c))
     assert seen == [] and (tmp_path / "robust.rule=median" / "notes.txt").read_text() == "mine"

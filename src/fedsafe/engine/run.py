@@ -2,19 +2,25 @@
 
 Run directories are fedsafe's own: each holds a marker file (:data:`MARKER`) written when
 fedsafe created it, and ``--overwrite`` only ever replaces a marked directory, deleting only the
-files fedsafe writes (:data:`RUN_FILES`) and marked sub-directories (variants). A directory that
-holds anything else is refused with the names of the foreign entries. Every check — the config,
-the data, each rule's requirement on n and f, each protocol's preflight — runs before the output
-directory is touched, so a refused experiment writes nothing at all.
+files fedsafe writes (:data:`RUN_FILES`) and its marked sub-directories (variants, a report
+written into it). A directory that holds anything else — any other name, any symbolic link — is
+refused with the names of the foreign entries, and nothing is deleted through a link. Every
+check — the config, the data, each rule's requirement on n and f, each protocol's preflight —
+runs before the output directory is touched, so a refused experiment writes nothing at all; the
+directory is checked again, under its lock (:class:`~fedsafe.engine.outdir.DirLock`, one
+fedsafe process per run directory), right before anything in it is replaced.
 """
 
 from __future__ import annotations
 
-import errno
 import json
+import os
+import socket
 import sys
+import threading
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,9 +36,20 @@ from rich.progress import (
 
 from fedsafe import __version__
 from fedsafe.config import ExperimentConfig, read_toml, validate, variant_config
-from fedsafe.core.errors import ConfigError, RunDirError
+from fedsafe.core.errors import ConfigError, FedsafeError, RunDirError
 from fedsafe.engine.federation import Federation
 from fedsafe.engine.metrics import METRICS, SUMMARY, write_summary
+from fedsafe.engine.outdir import (
+    REPORT,
+    DirLock,
+    OutputKind,
+    clear,
+    describe_os_error,
+    entries,
+    foreign,
+    lock_holder,
+    shown,
+)
 from fedsafe.engine.state import CHECKPOINT, CHECKPOINT_TMP
 from fedsafe.models.saved import MODEL, MODEL_META
 
@@ -43,6 +60,8 @@ RUN_FILES = frozenset({
     MARKER, CONFIG, METRICS, SUMMARY, CHECKPOINT, CHECKPOINT_TMP, MODEL, MODEL_META,
     "audit_cosines.npz", "audit_final.png", "audit_all.png",
 })
+#: A run directory: RUN_FILES, variants (run directories) and reports written into it.
+RUN = OutputKind("run", MARKER, RUN_FILES, children=(REPORT,), nests=True)
 
 
 FederationFactory = Callable[[ExperimentConfig, Path], Federation]
@@ -66,35 +85,30 @@ def jobs(cfg: ExperimentConfig, out_dir: Path) -> list[Job]:
 
 
 def is_run_dir(path: Path) -> bool:
-    return (Path(path) / MARKER).is_file()
+    path = Path(path)
+    return path.is_dir() and not path.is_symlink() and RUN.owns(path)
 
 
 def _foreign(path: Path) -> list[str]:
     """Entries of a marked run directory that fedsafe did not write (recursively)."""
-    out = []
-    for entry in sorted(path.iterdir()):
-        if entry.is_dir() and not entry.is_symlink() and is_run_dir(entry):
-            out += [f"{entry.name}/{x}" for x in _foreign(entry)]
-        elif entry.name not in RUN_FILES or entry.is_dir() or entry.is_symlink():
-            out.append(entry.name)
-    return out
+    return foreign(path, RUN)
 
 
 def _clear(path: Path) -> None:
-    """Delete fedsafe's files in a marked run directory (checked by :func:`_foreign` first)."""
-    for entry in path.iterdir():
-        if entry.is_dir():
-            _clear(entry)
-            entry.rmdir()
-        else:
-            entry.unlink()
+    """Delete fedsafe's own entries of a marked run directory: its files and marked
+    sub-directories, never through a symbolic link, never anything else (checked by
+    :func:`_foreign` first, under the directory's lock)."""
+    clear(path, RUN)
 
 
 def prepare_out_dir(out_dir: Path, overwrite: bool) -> None:
     """Check that ``out_dir`` may receive a new run (nothing is written here)."""
     if out_dir.exists() and not out_dir.is_dir():
         raise RunDirError(f"--out {out_dir}: exists and is not a directory")
-    if not out_dir.exists() or not any(out_dir.iterdir()):
+    holder = lock_holder(out_dir) if out_dir.is_dir() else None
+    if holder is not None:
+        raise RunDirError(f"--out {out_dir}: in use by {holder}; wait for it to finish or choose another --out")
+    if not out_dir.exists() or not entries(out_dir):
         return
     if not overwrite:
         raise RunDirError(
@@ -106,11 +120,10 @@ def prepare_out_dir(out_dir: Path, overwrite: bool) -> None:
             f"--out {out_dir}: not a run directory fedsafe created (no {MARKER} marker); "
             "refusing to overwrite it: choose another --out"
         )
-    foreign = _foreign(out_dir)
-    if foreign:
-        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+    found = _foreign(out_dir)
+    if found:
         raise RunDirError(
-            f"--out {out_dir}: holds files fedsafe did not write ({shown}); refusing to overwrite "
+            f"--out {out_dir}: holds files fedsafe did not write ({shown(found)}); refusing to overwrite "
             "it: move them away or choose another --out"
         )
 
@@ -118,22 +131,6 @@ def prepare_out_dir(out_dir: Path, overwrite: bool) -> None:
 def _make_run_dir(path: Path) -> None:
     path.mkdir(parents=True, exist_ok=True)
     (path / MARKER).write_text(json.dumps({"fedsafe": __version__, "created": time.time()}) + "\n")
-
-
-def describe_os_error(e: OSError, what: str) -> str:
-    """One line for an OSError met while writing run outputs."""
-    if e.errno == errno.ENOSPC:
-        reason = "no space left on the device"
-    elif e.errno in (errno.EACCES, errno.EPERM):
-        reason = "permission denied"
-    elif e.errno == errno.EROFS:
-        reason = "read-only file system"
-    elif e.errno == errno.ENOTDIR:
-        reason = "a path component is a file, not a directory"
-    else:
-        reason = e.strerror or str(e)
-    where = f" ({e.filename})" if e.filename else ""
-    return f"{what}: {reason}{where}"
 
 
 def load_run_config(out_dir: Path) -> ExperimentConfig:
@@ -196,6 +193,33 @@ def build_federations(
     return feds
 
 
+class RunStopped(FedsafeError):
+    """The run stopped part-way for a reason outside its config — the Ray cluster failed — and
+    can go on from its last checkpoint: ``fedsafe run --resume out_dir``."""
+
+    def __init__(self, problem: str, out_dir: Path, cfg: ExperimentConfig) -> None:
+        super().__init__(problem)
+        self.out_dir = Path(out_dir)
+        self.cfg = cfg
+
+
+def resume_hint(out_dir: Path, cfg: ExperimentConfig) -> str:
+    """``last checkpoint: name: round N; continue with: fedsafe run --resume DIR``."""
+    try:
+        done = last_checkpoint_round(out_dir, cfg)
+    except Exception:  # noqa: BLE001 - a hint must never hide the error it goes with
+        done = {}
+    where = ", ".join(f"{name}: round {r}" for name, r in done.items() if r) or "none yet"
+    return f"last checkpoint: {where}; continue with: fedsafe run --resume {out_dir}"
+
+
+def _ray_error(e: BaseException) -> bool:
+    """Whether ``e`` is one of Ray's errors (without importing Ray: if it is not imported, no
+    Ray error can have been raised)."""
+    exc = sys.modules.get("ray.exceptions")
+    return exc is not None and isinstance(e, getattr(exc, "RayError", ()))
+
+
 def run_experiment(
     cfg: ExperimentConfig,
     out_dir: Path,
@@ -213,33 +237,131 @@ def run_experiment(
 
     Raises :class:`ConfigError` for a config that cannot run and :class:`RunDirError` for an
     output directory that cannot be used or written (nothing is written in either case, except
-    for a disk that fills up mid-run); ``on_round(job_name, row)`` is called after every round.
+    for a disk that fills up mid-run), or that another fedsafe process is writing (its lock is
+    held: the error names the holder's pid, host and start time); :class:`RunStopped` when the
+    Ray cluster fails mid-run. ``on_round(job_name, row)`` is called after every round.
+
+    With ``execution = "ray"``, a thread watches this machine's raylet: Ray ends the process
+    (status 1, silently) some seconds after the raylet dies, so when it is gone the watch
+    prints an ``error:`` line and the resume command to stderr and ends the process itself.
     """
     out_dir = Path(out_dir)
-    if not resume:
-        prepare_out_dir(out_dir, overwrite)
-    feds = build_federations(cfg, out_dir, resume=resume, federation=federation)
-    try:
+    flag = "--resume" if resume else "--out"
+    with ExitStack() as stack:
+        if resume:  # one process per run: the lock comes before the checkpoint is read
+            _lock(stack, out_dir, flag)
+        else:
+            prepare_out_dir(out_dir, overwrite)
+        feds = build_federations(cfg, out_dir, resume=resume, federation=federation)
+        stack.callback(_close, feds)
         if not resume:
+            # Data loading took a while: check again, under the lock, right before replacing.
+            _lock(stack, out_dir, flag)
+            prepare_out_dir(out_dir, overwrite)
             try:
-                if out_dir.exists():
-                    _clear(out_dir)
+                _clear(out_dir)
                 _make_run_dir(out_dir)
                 (out_dir / CONFIG).write_text(cfg.to_toml())
                 for job, _ in feds:
                     if job.out_dir != out_dir:
                         _make_run_dir(job.out_dir)
                         (job.out_dir / CONFIG).write_text(job.cfg.to_toml())
+            except RunDirError:
+                raise
             except OSError as e:
                 raise RunDirError(describe_os_error(e, f"--out {out_dir}: cannot write")) from None
         for job, fed in feds:
             if fed is not None and fed.state.round == 0 and (job.out_dir / METRICS).exists():
                 (job.out_dir / METRICS).unlink()  # started but never checkpointed: start over
-        return _run_jobs(cfg, out_dir, feds, quiet=quiet, console=console, on_round=on_round)
-    finally:
-        for _, fed in feds:
-            if fed is not None:
-                fed.close()
+        if any(job.cfg.execution == "ray" for job, fed in feds if fed is not None):
+            watch = RayWatch.for_this_node(lambda where: _ray_lost(where, out_dir, cfg))
+            if watch is not None:
+                watch.start()
+                stack.callback(watch.stop)
+        try:
+            return _run_jobs(cfg, out_dir, feds, quiet=quiet, console=console, on_round=on_round)
+        except Exception as e:
+            if _ray_error(e):
+                first = (str(e).strip().splitlines() or [""])[0]
+                raise RunStopped(f"{out_dir}: Ray failed ({type(e).__name__}: {first})", out_dir, cfg) from None
+            raise
+    raise AssertionError("unreachable")  # pragma: no cover - ExitStack does not swallow
+
+
+def _lock(stack: ExitStack, out_dir: Path, flag: str) -> None:
+    try:
+        stack.enter_context(DirLock(out_dir, flag, "run"))
+    except RunDirError:
+        raise
+    except OSError as e:
+        raise RunDirError(describe_os_error(e, f"{flag} {out_dir}: cannot write")) from None
+
+
+def _close(feds: list[tuple[Job, Federation | None]]) -> None:
+    for _, fed in feds:
+        if fed is not None:
+            fed.close()
+
+
+# --- when Ray's raylet dies ----------------------------------------------------------------
+
+
+def _ray_lost(where: str, out_dir: Path, cfg: ExperimentConfig) -> None:
+    # Ray ends this process with status 1 and no word a few seconds after its node's raylet
+    # died (its C++ core calls _Exit); say what happened and how to go on first.
+    print(
+        f"error: {out_dir}: Ray failed: this machine's raylet ({where}) is gone, and Ray ends this "
+        f"process without it\n{resume_hint(out_dir, cfg)}",
+        file=sys.stderr, flush=True,
+    )
+    os._exit(1)
+
+
+class RayWatch(threading.Thread):
+    """Watches the raylet of the node this process is a Ray driver on: when its port refuses
+    ``misses`` connections in a row (``interval`` seconds apart), ``on_lost("host:port")`` is
+    called once. Ray itself ends the driver's process silently (status 1) some seconds after
+    the raylet dies, before any Python error could be raised; this says why first."""
+
+    def __init__(self, host: str, port: int, on_lost: Callable[[str], None], *,
+                 interval: float = 1.0, misses: int = 2) -> None:
+        super().__init__(name="fedsafe-ray-watch", daemon=True)
+        self.host, self.port, self.on_lost = host, int(port), on_lost
+        self.interval, self.misses = interval, misses
+        self._stop_event = threading.Event()
+
+    @classmethod
+    def for_this_node(cls, on_lost: Callable[[str], None]) -> RayWatch | None:
+        """A watch of this driver's raylet, or None when Ray is not initialised or does not
+        say where the raylet listens."""
+        ray = sys.modules.get("ray")
+        try:
+            if ray is None or not ray.is_initialized():
+                return None
+            node_id = ray.get_runtime_context().get_node_id()
+            node = next((n for n in ray.nodes() if n.get("NodeID") == node_id), None)
+        except Exception:  # noqa: BLE001 - the watch is an addition; Ray's own errors surface elsewhere
+            return None
+        if not node or not node.get("NodeManagerAddress") or not node.get("NodeManagerPort"):
+            return None
+        return cls(node["NodeManagerAddress"], node["NodeManagerPort"], on_lost)
+
+    def run(self) -> None:
+        missed = 0
+        while not self._stop_event.wait(self.interval):
+            try:
+                with socket.create_connection((self.host, self.port), timeout=max(1.0, 2 * self.interval)):
+                    missed = 0
+            except ConnectionRefusedError:  # nothing listens there any more
+                missed += 1
+            except OSError:  # slow or unreachable for a moment: not evidence that it is gone
+                continue
+            if missed >= self.misses and not self._stop_event.is_set():
+                self.on_lost(f"{self.host}:{self.port}")
+                return
+
+    def stop(self) -> None:
+        self._stop_event.set()
 
 
 def _run_jobs(

@@ -29,8 +29,9 @@ import os
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,12 +48,67 @@ from fedsafe.config import (
     read_toml,
     validate,
 )
+from fedsafe.core.errors import RunDirError
 from fedsafe.engine.metrics import SUMMARY
-from fedsafe.engine.run import CONFIG, prepare_out_dir, run_experiment
+from fedsafe.engine.outdir import REPORT, DirLock, OutputKind, check_folder, clear, entries, foreign, lock_holder
+from fedsafe.engine.run import CONFIG, RUN, describe_os_error, is_run_dir, prepare_out_dir, run_experiment
 
 SWEEP_CSV = "sweep.csv"
 SEEDS_CSV = "sweep_seeds.csv"
 BEST_CSV = "best_worst_case.csv"
+GRID_JSON = "grid.json"
+SWEEP_MARKER = ".fedsafe-sweep"
+#: Every file fedsafe writes at the top of a sweep folder (the CLI's figures included).
+SWEEP_FILES = frozenset({
+    SWEEP_MARKER, GRID_JSON, SWEEP_CSV, SEEDS_CSV, BEST_CSV, "best_worst_case.png", "heatmap.png", "heatmap_asr.png",
+})
+
+
+def _seed_layout(path: Path) -> bool:
+    # A cell run with several seeds: ``<cell>/seed=<s>/``, each a run directory.
+    found = entries(path)
+    return bool(found) and all(e.name.startswith("seed=") and is_run_dir(e) for e in found)
+
+
+#: A sweep folder: SWEEP_FILES, its cells (run directories, or folders of per-seed run
+#: directories) and reports written into it.
+SWEEP = OutputKind("sweep", SWEEP_MARKER, SWEEP_FILES, children=(
+    RUN, OutputKind("cell", "", frozenset(), children=(RUN,), recognise=_seed_layout), REPORT,
+))
+
+
+def _legacy_sweep(path: Path) -> bool:
+    # A sweep written before folders were marked: its grid.json, and nothing fedsafe did not write.
+    grid = path / GRID_JSON
+    return grid.is_file() and not grid.is_symlink() and not foreign(path, SWEEP)
+
+
+@contextmanager
+def sweep_folder(out_dir: Path, *, overwrite: bool = False) -> Iterator[Path]:
+    """Hold ``out_dir`` as this process's sweep folder: refuse one another fedsafe process is
+    writing, or a non-empty folder that is not a sweep fedsafe wrote (unless ``overwrite``:
+    then only fedsafe's own outputs in it are replaced); with ``overwrite``, fedsafe's own
+    outputs (files and cells) are removed first, so no cell is reused. Re-entrant."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise RunDirError(f"--out {out_dir}: exists and is not a directory")
+    holder = lock_holder(out_dir) if out_dir.is_dir() else None
+    if holder is not None:  # before anything is created
+        raise RunDirError(f"--out {out_dir}: in use by {holder}; wait for it to finish or choose another --out")
+    check_folder(out_dir, SWEEP, "--out", overwrite=overwrite, legacy=_legacy_sweep)
+    try:
+        with DirLock(out_dir, "--out", "sweep"):
+            check_folder(out_dir, SWEEP, "--out", overwrite=overwrite, legacy=_legacy_sweep)  # under the lock
+            if overwrite:
+                clear(out_dir, SWEEP)
+            marker = out_dir / SWEEP_MARKER
+            if not marker.is_file():
+                marker.write_text(json.dumps({"fedsafe": "sweep", "created": time.time()}) + "\n")
+            yield out_dir
+    except RunDirError:
+        raise
+    except OSError as e:
+        raise RunDirError(describe_os_error(e, f"--out {out_dir}: cannot write")) from None
 
 #: Axes that define the scenario a rule is judged in, never tuned: the rule, the declared and
 #: actual number of Byzantine clients, and the seed.
@@ -393,17 +449,32 @@ def run_sweep(
     *,
     jobs: int = 1,
     seeds: int = 1,
+    overwrite: bool = False,
     on_cell: Callable[[Cell, dict[str, Any]], None] | None = None,
     on_progress: Callable[[Tick], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run every cell ``seeds`` times (reusing finished runs); write ``sweep.csv`` (one row per
-    cell: mean and sd over seeds) and ``sweep_seeds.csv`` (one row per run); return the cell
-    records. ``on_cell(cell, result)`` is called after each run, ``on_progress(tick)`` at the
-    start and after each run."""
+    """Run every cell ``seeds`` times (reusing finished runs unless ``overwrite``); write
+    ``sweep.csv`` (one row per cell: mean and sd over seeds) and ``sweep_seeds.csv`` (one row
+    per run); return the cell records. ``out_dir`` must be empty, new, or a sweep folder fedsafe
+    wrote (see :func:`sweep_folder`). ``on_cell(cell, result)`` is called after each run,
+    ``on_progress(tick)`` at the start and after each run."""
     reps = replicates(cell_configs(base_raw, grid), seeds)
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "grid.json").write_text(json.dumps(grid, indent=2) + "\n")
+    with sweep_folder(out_dir, overwrite=overwrite):
+        return _run_sweep(reps, grid, out_dir, jobs=jobs, seeds=seeds, on_cell=on_cell, on_progress=on_progress)
+
+
+def _run_sweep(
+    reps: list[Replicate],
+    grid: dict[str, list[Any]],
+    out_dir: Path,
+    *,
+    jobs: int,
+    seeds: int,
+    on_cell: Callable[[Cell, dict[str, Any]], None] | None,
+    on_progress: Callable[[Tick], None] | None,
+) -> list[dict[str, Any]]:
+    (out_dir / GRID_JSON).write_text(json.dumps(grid, indent=2) + "\n")
     results: dict[tuple[str, int], dict[str, Any]] = {}
     where: dict[tuple[str, int], Path] = {}
     pending: list[Replicate] = []
