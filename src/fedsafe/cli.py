@@ -119,7 +119,14 @@ def run(
         raise typer.Exit(130) from None
     from fedsafe.report import find_runs, summary_table
 
-    out.print(summary_table(find_runs([target])))
+    runs = find_runs([target])
+    out.print(summary_table(runs))
+    for run in runs:
+        if run.summary.get("privacy_warning"):
+            err.print(
+                f"warning: {run.label}: {run.summary['privacy_warning']} (secure_randomness = false): "
+                "anyone with its config can regenerate the noise", highlight=False,
+            )
     out.print(f"results in {target}/", highlight=False)
 
 

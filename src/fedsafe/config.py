@@ -235,6 +235,11 @@ class RayConfig(Strict):
     )
 
 
+def uses_privacy_noise(cfg: ExperimentConfig) -> bool:
+    """Whether ``cfg`` runs a privacy mechanism whose noise must be secret (DP, inherent noise)."""
+    return cfg.dp.enabled or cfg.inherent is not None
+
+
 class ExperimentConfig(Strict):
     """One federated experiment."""
 
@@ -242,6 +247,11 @@ class ExperimentConfig(Strict):
         "experiment", description="run name: the folder under runs/ (letters, digits and . _ - = , + @)"
     )
     seed: int = Field(0, ge=0, le=2**63 - 1)
+    secure_randomness: bool = Field(
+        True, description="true: DP and inherent noise, and the client sample under DP, come from a secret "
+        "drawn from the OS (fedsafe.core.randomness); false: derived from seed, reproducible and NOT private "
+        "(summaries and saved models say so)"
+    )
     rounds: int = Field(30, ge=1, le=10_000_000)
     eval_every: int = Field(1, ge=1, description="evaluate on the test set every this many rounds")
     checkpoint_every: int = Field(

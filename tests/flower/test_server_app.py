@@ -62,7 +62,7 @@ def _merge(base: dict, extra: dict) -> dict:
 def test_flower_run_equals_fedsafe_engine(case: str, tmp_path: Path) -> None:
     """Same config and seed: the run over Flower's nodes and fedsafe's engine give the same model,
     bit for bit, and the same metrics (DP noise drawn on the nodes from the experiment's seed)."""
-    cfg = validate(_merge(BASE, CASES[case]))
+    cfg = validate(_merge({**BASE, "secure_randomness": False}, CASES[case]))  # the server's noise seeded too
     grid = FakeGrid(client_app(noise_seed="experiment"), 5)
     run_over_flower(cfg, grid, tmp_path / "flower", timeout=5, wait=5)
     run_experiment(cfg, tmp_path / "engine", overwrite=True, quiet=True)
@@ -95,7 +95,7 @@ def test_secure_aggregation_replayed_parties_give_the_same_model(tmp_path: Path,
     import fedsafe.flower.secagg as secagg
 
     monkeypatch.setattr(secagg, "_PARTIES", _Forgetful())
-    cfg = validate(_merge(BASE, CASES["secagg_distributed_dp"]))
+    cfg = validate(_merge({**BASE, "secure_randomness": False}, CASES["secagg_distributed_dp"]))
     run_over_flower(cfg, FakeGrid(client_app(noise_seed="experiment"), 5), tmp_path / "flower", timeout=5, wait=5)
     run_experiment(cfg, tmp_path / "engine", overwrite=True, quiet=True)
     a, b = torch.load(tmp_path / "flower" / "model.pt"), torch.load(tmp_path / "engine" / "model.pt")

@@ -19,6 +19,7 @@ pytest.importorskip("ray", reason="Flower's simulation runtime needs Ray (fedsaf
 
 CONFIG = {
     "rounds": 2, "clients": {"num_clients": 4}, "execution": "serial", "seed": 11, "eval_every": 1,
+    "secure_randomness": False,  # the server's DP noise and sample seeded too: the runs must be equal
     "variants": {
         "plain": {},
         "robust": {"robust": {"rule": "trimmed_mean", "pre": ["nnm"]}, "attack": {"name": "alie", "f": 1}},

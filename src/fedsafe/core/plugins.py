@@ -30,6 +30,7 @@ import numpy as np
 from torch import Tensor
 
 from fedsafe.core.errors import ConfigError
+from fedsafe.core.randomness import RandomSource
 from fedsafe.core.registry import Registry
 from fedsafe.core.types import Aggregate, Message, RoundContext
 
@@ -46,13 +47,16 @@ class RoundHost(Protocol):
 @dataclass(frozen=True)
 class PluginSetup:
     """What a plugin factory is given: the experiment, the initial flat parameters, the
-    clients' dataset sizes, and the plugins made before it, by name."""
+    clients' dataset sizes, the plugins made before it, by name, and ``source``, where noise
+    that protects privacy comes from (:class:`~fedsafe.core.randomness.RandomSource`: secret
+    unless the run opts into seeded randomness)."""
 
     cfg: Any  # the ExperimentConfig
     seed: int
     initial: Tensor
     client_sizes: tuple[int, ...]
     plugins: Mapping[str, Plugin]
+    source: RandomSource
 
 
 class Plugin:
@@ -132,13 +136,16 @@ ROUND_PLUGINS.register_lazy("audit", "fedsafe.audit.config:make_plugin", "canary
 
 
 def make_plugins(
-    cfg: Any, seed: int, initial: Tensor, client_sizes: tuple[int, ...], names: tuple[str, ...] | None = None
+    cfg: Any, source: RandomSource, initial: Tensor, client_sizes: tuple[int, ...], names: tuple[str, ...] | None = None
 ) -> list[Plugin]:
     """The round plugins ``cfg`` enables: every factory of :data:`ROUND_PLUGINS` (or only those
-    in ``names``), in registration order, each seeing the ones made before it. A factory's
-    ``ValueError`` becomes a ``ConfigError`` naming the plugin."""
+    in ``names``), in registration order, each seeing the ones made before it; their noise
+    comes from ``source``. A factory's ``ValueError`` becomes a ``ConfigError`` naming the
+    plugin."""
     made: dict[str, Plugin] = {}
-    setup = PluginSetup(cfg=cfg, seed=seed, initial=initial, client_sizes=client_sizes, plugins=made)
+    setup = PluginSetup(
+        cfg=cfg, seed=cfg.seed, initial=initial, client_sizes=client_sizes, plugins=made, source=source
+    )
     for name in ROUND_PLUGINS.ordered():
         if names is not None and name not in names:
             continue

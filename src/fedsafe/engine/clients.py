@@ -197,7 +197,7 @@ class ClientWork:
             if zo is None:
                 raise ValueError("clients.gradient = 'zeroth_order' needs the [zo] settings")
             self.zo_settings = ZOSettings(zo.k, zo.sigma, zo.scheme, zo.chunk, zo.decode_chunk)
-        self.inherent = None  # (InherentConfig, sigma²), set by the inherent plugin
+        self.inherent = None  # (InherentConfig, sigma², RandomSource), set by the inherent plugin
         self.backend = backend
         self.data = data
         self.seed = seed

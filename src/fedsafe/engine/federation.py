@@ -17,10 +17,11 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.func import functional_call
 
-from fedsafe.config import ExperimentConfig
+from fedsafe.config import ExperimentConfig, uses_privacy_noise
 from fedsafe.core.errors import CheckpointError, ConfigError, DivergedError, RequirementError
 from fedsafe.core.plugins import Plugin, make_plugins
 from fedsafe.core.protocol import ProtocolError, make_protocol
+from fedsafe.core.randomness import RandomSource, privacy_stamp
 from fedsafe.core.streams import torch_stream
 from fedsafe.core.types import Messages, RoundContext
 from fedsafe.data import FederatedDataset, load_federated
@@ -163,7 +164,11 @@ class Federation:
         else:
             self.server = ServerSGD(sv.lr, sv.momentum, sv.weight_decay)
         self.server = self.work.server_optimizer(self.server)  # zeroth-order FedSGD: client momentum
+        # Noise that protects privacy, and the client sample DP amplifies by, come from a secret
+        # unless the run opts into seeded randomness (fedsafe.core.randomness): never checkpointed.
+        self.source = RandomSource.for_run(seed, cfg.secure_randomness)
         self.plugins = self._make_plugins(plugins)
+        self._sampling_source = self.source if cfg.dp.enabled else None
         self.metrics = MetricsWriter(self.out_dir)
         self.rows: list[dict[str, Any]] = []
 
@@ -190,7 +195,7 @@ class Federation:
         """Every registered round plugin this config enables (``ROUND_PLUGINS``, in registration
         order), then ``extra``; each is handed the client work before the first round."""
         made = make_plugins(
-            self.cfg, self.cfg.seed, flatten_params(self.model), tuple(len(ix) for ix in self.data.client_indices)
+            self.cfg, self.source, flatten_params(self.model), tuple(len(ix) for ix in self.data.client_indices)
         )
         plugins = [*made, *extra]
         for p in plugins:
@@ -335,7 +340,7 @@ class Federation:
         t = st.round + 1
         ids = sample_clients(
             cfg.seed, t, cfg.clients.num_clients, cfg.clients.sampling,
-            sample_size=cfg.clients.sample_size, sample_rate=cfg.clients.sample_rate,
+            sample_size=cfg.clients.sample_size, sample_rate=cfg.clients.sample_rate, source=self._sampling_source,
         )
         is_byz = self._byzantine_mask[ids]
         honest, byz = ids[~is_byz], ids[is_byz]
@@ -529,7 +534,9 @@ class Federation:
         params = self.state.params if self.ema is None else self.ema.value
         self.layout.load_into(self.model, params)
         cfg = None if self.custom_model else self.cfg.model
-        return save_trained(self.model, out_dir, cfg, self.data.input_shape, self.data.num_classes)
+        return save_trained(
+            self.model, out_dir, cfg, self.data.input_shape, self.data.num_classes, privacy=privacy_stamp(self.private, self.source)
+        )
 
     def close(self) -> None:
         """Release execution resources (a Ray instance, protocol worker processes)."""
@@ -538,8 +545,13 @@ class Federation:
         if close is not None:
             close()
 
+    @property
+    def private(self) -> bool:
+        """Whether a privacy mechanism (DP or inherent noise) runs in this experiment."""
+        return uses_privacy_noise(self.cfg)
+
     def summary(self) -> dict[str, Any]:
-        extra: dict[str, Any] = {}
+        extra: dict[str, Any] = privacy_stamp(self.private, self.source)
         for p in self.plugins:
             extra.update(p.summary(self))
         return summarize(

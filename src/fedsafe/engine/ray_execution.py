@@ -78,7 +78,7 @@ def _client_task(
     ids: np.ndarray,
     momentum: Tensor | None,
     poison: Any,
-    inherent: tuple[Any, float] | None,
+    inherent: tuple[Any, float, Any] | None,
     faults: dict[str, list[list[int]]],
     threads: int,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -89,7 +89,7 @@ def _client_task(
     if any(r == round_ and int(c) in mine for r, c in faults["hang"]):
         time.sleep(_HANG_SECONDS)  # fault injection: the task hangs
     work = _worker_work(cfg_toml, data_box)
-    work.inherent = inherent  # (InherentConfig, σ²) fixed by the driver for algorithm = "inherent"
+    work.inherent = inherent  # (InherentConfig, σ², RandomSource) fixed by the driver for algorithm = "inherent"
     res = work.run(round_, params, ids, momentum, poison)
     return res.updates, res.losses, res.momentum
 

@@ -8,11 +8,12 @@ three messages from fedsafe's ServerApp (:mod:`fedsafe.flower.server`):
 - ``train.fedsafe``: the round's local work at the global model, exactly the engine's client
   code (``ClientWork``, the configured algorithm, zeroth order included), then the client-side
   transforms of the round plugins *on the node*: DP clipping and, for ``local`` and
-  ``distributed`` placement, the client's own Gaussian noise. Its noise seed is a secret the
-  node draws from the OS for every message unless the run asks for ``noise_seed =
-  "experiment"`` (the experiment's seed: reproducible, and the server could remove the noise —
-  for tests only). Under secure aggregation the update stays on the node (``Context.state``)
-  and only the loss goes back;
+  ``distributed`` placement, the client's own Gaussian noise. Its noise comes from a secret the
+  node draws from the OS for every message (:class:`fedsafe.core.randomness.RandomSource`)
+  unless the run asks for ``noise_seed = "experiment"`` or its config sets
+  ``secure_randomness = false`` (the experiment's seed: reproducible, and the server could
+  remove the noise — for tests only). Under secure aggregation the update stays on the node
+  (``Context.state``) and only the loss goes back;
 - ``query.fedsafe_secagg``: one stage of secure aggregation. The node runs fedsafe's own
   client party (:class:`fedsafe.privacy.secagg.client.ClientParty`) on the bytes the server
   relays. Flower starts a fresh ClientApp process for every message, so the party is rebuilt
@@ -30,7 +31,6 @@ partition of the configured dataset.
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
@@ -82,21 +82,22 @@ class _Node:
         self.poison = make_poison(cfg.attack.name, cfg.attack.params, data.x_train, data.num_classes)
         self.dim = sum(p.numel() for p in model.parameters())
 
-    def client_plugins(self, seed: int) -> list[Any]:
-        """Fresh instances of the round plugins with a client side, seeded with the node's noise
-        seed."""
-        return client_plugins(self.cfg, seed, torch.zeros(self.dim))
+    def client_plugins(self, source: Any) -> list[Any]:
+        """Fresh instances of the round plugins with a client side, drawing from the node's
+        noise source."""
+        return client_plugins(self.cfg, source, torch.zeros(self.dim))
 
 
 CLIENT_SIDE_PLUGINS = ("dp",)  # the round plugins whose transform_honest runs on the clients
 
 
-def client_plugins(cfg: Any, seed: int, initial: torch.Tensor) -> list[Any]:
+def client_plugins(cfg: Any, source: Any, initial: torch.Tensor) -> list[Any]:
     """The client-side round plugins ``cfg`` enables (:data:`CLIENT_SIDE_PLUGINS`), as one
-    client's own instances: ``seed`` is that client's noise seed."""
+    client's own instances: ``source`` (a :class:`~fedsafe.core.randomness.RandomSource`) is
+    where that client's noise comes from."""
     from fedsafe.core.plugins import make_plugins
 
-    return make_plugins(cfg, seed, initial, (1,) * cfg.clients.num_clients, CLIENT_SIDE_PLUGINS)
+    return make_plugins(cfg, source, initial, (1,) * cfg.clients.num_clients, CLIENT_SIDE_PLUGINS)
 
 
 _NODES: dict[tuple[str, int, int], _Node] = {}
@@ -126,10 +127,14 @@ def partition(context: Any) -> tuple[int, int | None]:
     return pid, (int(total) if isinstance(total, int) and not isinstance(total, bool) else None)
 
 
-def _noise_seed(choice: str, cfg_seed: int) -> int:
-    if choice == "experiment":
-        return cfg_seed
-    return int.from_bytes(os.urandom(16), "big")
+def noise_source(choice: str | None, cfg: Any) -> Any:
+    """The node's noise source: ``"experiment"`` the seeded source of the experiment's seed,
+    ``"secret"`` a fresh secret from the OS; None follows the config's ``secure_randomness``."""
+    from fedsafe.core.randomness import RandomSource
+
+    if choice is None:
+        choice = "secret" if cfg.secure_randomness else "experiment"
+    return RandomSource.for_run(cfg.seed, choice == "secret")
 
 
 def client_app(
@@ -137,10 +142,11 @@ def client_app(
 ) -> Any:
     """fedsafe's Flower ``ClientApp``.
 
-    ``noise_seed``: ``"secret"`` (default; the node's clients draw DP noise from a seed only
-    the node knows) or ``"experiment"`` (the experiment's seed, so a run is reproducible and
-    equal to fedsafe's own engine; the server can then remove the noise: for tests only). When
-    None, the run config's ``fedsafe-noise-seed`` decides. ``model``/``loss``: your own
+    ``noise_seed``: ``"secret"`` (the node's clients draw DP noise from a secret only the node
+    knows) or ``"experiment"`` (the experiment's seed, so a run is reproducible and equal to
+    fedsafe's own engine; the server can then remove the noise: for tests only). When None,
+    the run config's ``fedsafe-noise-seed`` decides, and without it the experiment's
+    ``secure_randomness`` (true, the default: ``"secret"``). ``model``/``loss``: your own
     ``nn.Module`` and loss, the same ones you give :func:`fedsafe.flower.server_app`.
     """
     from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
@@ -180,8 +186,12 @@ def client_app(
         poisoned = bool(config_value(conf, "poison", bool, what=what))
         if poisoned and node.poison is None:
             raise FlowerError(f"{what}: asks for poisoned training, but attack {node.cfg.attack.name!r} poisons no data")
+        choice = noise_seed or context.run_config.get("fedsafe-noise-seed")
+        if choice is not None and choice not in NOISE_SEEDS:
+            raise FlowerError(f"run config fedsafe-noise-seed = {choice!r}: valid: {', '.join(NOISE_SEEDS)}")
+        source = noise_source(choice, node.cfg)
         if "inherent_sigma2" in conf:
-            node.work.inherent = (node.cfg.inherent, float(conf["inherent_sigma2"]))
+            node.work.inherent = (node.cfg.inherent, float(conf["inherent_sigma2"]), source)
         ids = np.array([cid])
         res = node.work.run(t, params, ids, momentum, node.poison if poisoned else None)
         update = res.updates
@@ -189,11 +199,8 @@ def client_app(
         if not poisoned:  # an honest client's client-side transforms (a Byzantine one skips them)
             from fedsafe.core.types import RoundContext
 
-            choice = noise_seed or str(context.run_config.get("fedsafe-noise-seed", "secret"))
-            if choice not in NOISE_SEEDS:
-                raise FlowerError(f"run config fedsafe-noise-seed = {choice!r}: valid: {', '.join(NOISE_SEEDS)}")
             ctx = RoundContext(t, node.cfg.seed, (cid,), 0)
-            for p in node.client_plugins(_noise_seed(choice, node.cfg.seed)):
+            for p in node.client_plugins(source):
                 p.load_client_state({k.split(".", 1)[1]: conf[k] for k in conf if k.startswith(f"{p.name}.")})
                 update = p.transform_honest(update, ctx, ids)
                 reports.update(p.client_reports())

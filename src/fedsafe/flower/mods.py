@@ -9,7 +9,7 @@ plus your update clipped to the server's clip norm C and noised on this node, ex
 fedsafe's own clients do (``DPPlugin.transform_honest``: ``local`` adds N(0, (zC)²) per
 coordinate, ``distributed`` a share N(0, (zC)²/n_s); with adaptive clipping the clipping bit
 goes back in the metrics, under distributed placement with its own noise share). The noise
-seed is fresh from the OS on every message and never leaves the node. The mod marks its reply
+secret is fresh from the OS on every message and never leaves the node. The mod marks its reply
 (``fedsafe.dp = 1`` and the clip norm used, in the reply's ``"metrics"`` record); the strategy
 refuses replies without the mark, so an update without noise never reaches the aggregate.
 Messages other than ``train``, and train messages that ask for no client-side noise (no DP,
@@ -18,7 +18,6 @@ or central DP), pass through untouched.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
@@ -32,6 +31,7 @@ def dp_mod(msg: Any, context: Any, call_next: Any) -> Any:
     from flwr.app import MessageType, MetricRecord
 
     from fedsafe.config import parse_toml, validate
+    from fedsafe.core.randomness import RandomSource
     from fedsafe.core.types import RoundContext
     from fedsafe.flower.client import client_plugins
 
@@ -58,7 +58,7 @@ def dp_mod(msg: Any, context: Any, call_next: Any) -> Any:
     delta = (flatten_arrays(local)[0].to(flat.dtype) - flat).unsqueeze(0)
     out, ctx = delta, RoundContext(round_, cfg.seed, (cid,), 0)
     reports: dict[str, float] = {}
-    for plugin in client_plugins(cfg, int.from_bytes(os.urandom(16), "big"), flat):
+    for plugin in client_plugins(cfg, RandomSource.secure(cfg.seed), flat):
         plugin.load_client_state({k.split(".", 2)[2]: float(conf[k]) for k in conf if k.startswith(f"fedsafe.{plugin.name}.")})
         out = plugin.transform_honest(out, ctx, np.array([cid]))
         reports.update(plugin.client_reports())

@@ -161,6 +161,7 @@ class FedsafeStrategy(_flwr_fedavg()):  # type: ignore[misc]
         """On the first round: the population (the first ``num_clients`` nodes by id) and the
         server's pipeline and round plugins."""
         from fedsafe.core.plugins import make_plugins
+        from fedsafe.core.randomness import RandomSource
         from fedsafe.robust.pipeline import RobustPipeline
 
         cfg, n = self.cfg, self.cfg.clients.num_clients
@@ -177,7 +178,9 @@ class FedsafeStrategy(_flwr_fedavg()):  # type: ignore[misc]
             raise ConfigError([f"robust: {e}"]) from None
         if self._pipeline.uses_server_update or self._pipeline.uses_history:
             raise ConfigError([f"robust.rule = {cfg.robust.rule!r} needs fedsafe's own ServerApp (a root dataset or client histories)"])
-        self.plugins = make_plugins(cfg, cfg.seed, flat, (1,) * n)
+        # DP noise and, under DP, the client sample: from a secret unless the config is seeded
+        self.source = RandomSource.for_run(cfg.seed, cfg.secure_randomness)
+        self.plugins = make_plugins(cfg, self.source, flat, (1,) * n)
 
     def configure_train(self, server_round: int, arrays: Any, config: Any, grid: Any) -> Iterable[Any]:
         from flwr.app import ConfigRecord, Message, MessageType, RecordDict
@@ -189,7 +192,8 @@ class FedsafeStrategy(_flwr_fedavg()):  # type: ignore[misc]
             self._set_up(grid, flat)
         c = self.cfg.clients
         ids = sample_clients(self.cfg.seed, server_round, c.num_clients, c.sampling,
-                             sample_size=c.sample_size, sample_rate=c.sample_rate)
+                             sample_size=c.sample_size, sample_rate=c.sample_rate,
+                             source=self.source if self.cfg.dp.enabled else None)
         state: dict[str, Any] = {"fedsafe.round": int(server_round)}
         if self.cfg.dp.enabled and self.cfg.dp.placement in CLIENT_SIDE:
             state["fedsafe.config"] = self.cfg.to_toml()  # what dp_mod needs to add its noise
@@ -210,6 +214,8 @@ class FedsafeStrategy(_flwr_fedavg()):  # type: ignore[misc]
 
         from fedsafe.core.protocol import PlainProtocol, ProtocolError
         from fedsafe.core.types import Messages, RoundContext
+        from fedsafe.config import uses_privacy_noise
+        from fedsafe.core.randomness import privacy_stamp
         from fedsafe.engine.metrics import summarize, write_summary
 
         rd = self._round
@@ -304,7 +310,7 @@ class FedsafeStrategy(_flwr_fedavg()):  # type: ignore[misc]
         self.rows.append(row)
         self.metrics.write(row)
         if server_round == cfg.rounds and self.out_dir is not None:
-            extra: dict[str, Any] = {}
+            extra: dict[str, Any] = privacy_stamp(uses_privacy_noise(cfg), self.source)
             for p in self.plugins:
                 extra.update(p.summary(host))
             write_summary(self.out_dir, summarize(self.rows, name=cfg.name, pipeline=self._pipeline.describe(),

@@ -31,10 +31,13 @@ MODEL_META = "model.json"
 
 
 def save_trained(
-    model: nn.Module, out_dir: Path, cfg: ModelConfig | None, input_shape: tuple[int, ...], num_classes: int
+    model: nn.Module, out_dir: Path, cfg: ModelConfig | None, input_shape: tuple[int, ...], num_classes: int,
+    *, privacy: dict[str, str] | None = None,
 ) -> Path:
     """Write ``model.pt`` (``model``'s state_dict) and ``model.json`` into ``out_dir``
-    (``cfg`` None: a user's own module, recorded by its class)."""
+    (``cfg`` None: a user's own module, recorded by its class). ``privacy``: keys recorded in
+    ``model.json`` beside the model (a run with a privacy mechanism records ``randomness``,
+    and, for seeded noise, ``privacy_warning``)."""
     out = Path(out_dir)
     kind = type(model)
     meta = {
@@ -42,6 +45,7 @@ def save_trained(
         "input_shape": list(input_shape),
         "num_classes": int(num_classes),
         "parameters": sum(p.numel() for p in model.parameters()),
+        **(privacy or {}),
     }
     torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, out / MODEL)
     (out / MODEL_META).write_text(json.dumps(meta, indent=2) + "\n")

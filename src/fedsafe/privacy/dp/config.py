@@ -348,4 +348,4 @@ def make_plugin(setup: Any) -> Any:
         )
     except ValueError as e:
         raise ConfigError([str(e)]) from None
-    return DPPlugin(plan, setup.seed)
+    return DPPlugin(plan, setup.source)

@@ -60,8 +60,10 @@ N(0, (z_Δ C_t)²) to the update sum. The paper's default σ_b = m/20 (:func:`de
 Under ``distributed`` placement the clients add both noises as shares (the count's too, so the
 server never sees the exact count), and both scale by √(n/n_s) with the honest shares present.
 
-All randomness comes from the ``torch.Generator`` passed in; inputs are never modified; noise is
-drawn on the CPU (where generators live) and moved to the data's device.
+All randomness comes from the generator passed in: a ``torch.Generator``, or a stream of a
+:class:`fedsafe.core.randomness.RandomSource` (secret by default in a run, so the noise cannot be
+regenerated from the seed); inputs are never modified; noise is drawn on the CPU (where
+generators live) and moved to the data's device.
 """
 
 from __future__ import annotations
@@ -70,6 +72,8 @@ import math
 
 import torch
 from torch import Tensor
+
+from fedsafe.core.randomness import Generator, standard_normal
 
 PLACEMENTS: tuple[str, ...] = ("central", "local", "distributed")
 
@@ -93,8 +97,8 @@ def _check_placement(placement: str) -> None:
         raise ValueError(f"unknown noise placement {placement!r}; valid: {', '.join(PLACEMENTS)}")
 
 
-def _gaussian(shape: tuple[int, ...], std: float, generator: torch.Generator, dtype: torch.dtype) -> Tensor:
-    return torch.randn(shape, generator=generator, dtype=dtype) * std
+def _gaussian(shape: tuple[int, ...], std: float, generator: Generator, dtype: torch.dtype) -> Tensor:
+    return standard_normal(shape, generator, dtype) * std
 
 
 def clip_updates(updates: Tensor, clip: float) -> tuple[Tensor, Tensor]:
@@ -131,7 +135,7 @@ def server_noise(
     clip: float,
     z: float,
     placement: str,
-    generator: torch.Generator,
+    generator: Generator,
     dtype: torch.dtype = torch.float32,
 ) -> Tensor:
     """The server's noise on the sum of clipped updates: ``N(0, (zC)² I_d)`` for ``central``,
@@ -155,7 +159,7 @@ def client_noise(
     z: float,
     placement: str,
     n_expected: int | None = None,
-    generator: torch.Generator,
+    generator: Generator,
     dtype: torch.dtype = torch.float32,
 ) -> Tensor:
     """Noise each client adds to its clipped update before sending; row i is client i's.
@@ -198,7 +202,7 @@ def dp_mean(
     clip: float,
     z: float,
     expected_clients: float,
-    generator: torch.Generator,
+    generator: Generator,
 ) -> Tensor:
     """Central DP-FedAvg aggregate: ``(Σ_i x̄_i + N(0, (zC)² I_d)) / m``.
 
@@ -252,7 +256,7 @@ def noised_clipped_fraction(
     *,
     sigma_b: float,
     expected_clients: float,
-    generator: torch.Generator,
+    generator: Generator,
 ) -> float:
     """Noised fraction of *unclipped* updates: ``b̃ = (Σ_i (b_i − ½) + N(0, σ_b²)) / m + ½``.
 
@@ -269,7 +273,7 @@ def noised_clipped_fraction(
     b = bits.detach().to("cpu", torch.float64)
     if not bool(((b == 0) | (b == 1)).all()):
         raise ValueError("bits must contain only 0/1 (or bool) values")
-    noise = float(torch.randn((), generator=generator, dtype=torch.float64)) * sigma_b
+    noise = float(standard_normal((), generator, torch.float64)) * sigma_b
     return (float((b - 0.5).sum()) + noise) / m + 0.5
 
 

@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from fedsafe.core.plugins import Plugin, RoundHost
-from fedsafe.core.streams import torch_stream
+from fedsafe.core.randomness import RandomSource
 from fedsafe.core.types import Aggregate, Message, RoundContext
 from fedsafe.privacy.dp.config import DPPlan
 from fedsafe.privacy.dp.mechanisms import (
@@ -52,9 +52,9 @@ from fedsafe.privacy.dp.mechanisms import (
 class DPPlugin(Plugin):
     name = "dp"
 
-    def __init__(self, plan: DPPlan, seed: int) -> None:
+    def __init__(self, plan: DPPlan, source: RandomSource) -> None:
         self.plan = plan
-        self.seed = seed
+        self.source = source
         self.clip = plan.clip
         self.accountant = plan.new_accountant()
         self._last: dict[str, float] = {}
@@ -80,8 +80,9 @@ class DPPlugin(Plugin):
 
     def transform_honest(self, updates: Tensor, ctx: RoundContext, ids: np.ndarray) -> Tensor:
         """Clip each row to C; add each client's noise (local, distributed) from its own stream
-        ``("dp.client_noise", round, client id)`` under this instance's seed, so that a remote
-        client computes its row alone (``fedsafe.flower``: with its own secret seed)."""
+        ``("dp.client_noise", round, client id)`` of this instance's source (secret unless the
+        run is seeded), so that a remote client computes its row alone (``fedsafe.flower``:
+        with its own secret)."""
         p = self.plan
         self._honest = frozenset(int(i) for i in ids)
         clipped, norms = clip_updates(updates, self.clip)
@@ -90,7 +91,7 @@ class DPPlugin(Plugin):
             return clipped
         rows = []
         for i, cid in enumerate(ids):
-            gen = torch_stream(self.seed, "dp.client_noise", ctx.round, int(cid))
+            gen = self.source.stream("dp.client_noise", ctx.round, int(cid))
             row = clipped[i : i + 1]
             if p.placement != "central":
                 row = row + client_noise(
@@ -103,7 +104,7 @@ class DPPlugin(Plugin):
                 if p.placement == "distributed":
                     # the client's share of the count noise: Σ over n_s shares is N(0, σ_b²)
                     std = p.count_stddev / math.sqrt(p.noise_shares)
-                    bit = bit + (torch.randn(1, generator=gen, dtype=updates.dtype) * std).to(bit.device)
+                    bit = bit + (gen.normal(1, updates.dtype) * std).to(bit.device)
                 row = torch.cat([row, bit.unsqueeze(1)], dim=1)
             rows.append(row)
         return torch.cat(rows) if rows else updates.new_zeros((0, self.message_dim(updates.shape[1])))
@@ -164,7 +165,7 @@ class DPPlugin(Plugin):
         total = vector * count
         if p.adaptive:
             total, bit_sum = total[:-1], float(total[-1])
-        gen = torch_stream(self.seed, "dp.server_noise", ctx.round)
+        gen = self.source.stream("dp.server_noise", ctx.round)
         stand_in = p.placement == "distributed" and agg is None
         if p.placement == "distributed":
             self._shares = self._honest_shares(agg)
@@ -181,7 +182,7 @@ class DPPlugin(Plugin):
             noise_b = 0.0
             if p.placement == "central" or stand_in:
                 std_b = p.count_stddev if p.placement == "central" else p.count_stddev / math.sqrt(p.noise_shares)
-                noise_b = float(torch.randn(1, generator=gen, dtype=torch.float64)) * std_b
+                noise_b = float(gen.normal(1, torch.float64)) * std_b
             frac = (bit_sum - count / 2 + noise_b) / p.expected_clients + 0.5
             self._last["noised_unclipped_fraction"] = frac
             self.clip = update_clip(self.clip, frac, target_quantile=p.target_quantile, clip_lr=p.clip_lr)

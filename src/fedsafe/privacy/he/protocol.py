@@ -45,6 +45,7 @@ Per-round metrics besides costs (see :meth:`HEProtocol.aggregate`):
 from __future__ import annotations
 
 import functools
+import secrets
 import time
 import warnings
 from typing import Any
@@ -264,8 +265,11 @@ class HEProtocol:
             "he_quantization_warning": float(useless),
             **extra,
         }
+        # count: the uploads the aggregate stands for (every valid one, subsampled or not), so
+        # DP's sum = vector x count holds as under the plain protocol's robust rules
         return Aggregate(
-            vector=vector, cost=cost, seen=seen, metrics=metrics, included=tuple(int(messages[i].client_id) for i in chosen)
+            vector=vector, count=n - len(invalid), cost=cost, seen=seen, metrics=metrics,
+            included=tuple(int(messages[i].client_id) for i in chosen),
         )
 
     def _invalid_digit_uploaders(self, messages: list[Message], ctx: RoundContext) -> frozenset[int]:
@@ -314,10 +318,12 @@ class HEProtocol:
             raise HEProtocolError(f"he: {why}{exc}") from None
 
     def _check_rng(self, ctx: RoundContext) -> np.random.Generator:
-        """The server's randomness for the digit check (multipliers, masks). Seeded here, for
-        reproducible runs; a deployed server draws it from its own secret randomness *after*
-        the uploads arrive -- a node that knew it could craft residues that pass."""
-        return numpy_stream(ctx.seed, "he.check", ctx.round)
+        """The server's randomness for the digit check (multipliers, masks): fresh from the OS
+        every round, drawn *after* the uploads arrive, never from the public seed -- a node that
+        could predict it could craft residues that pass. Runs stay reproducible all the same:
+        the check's verdict on an upload does not depend on it (up to the 1/(p-1) false
+        accept), and the aggregate is exact."""
+        return np.random.Generator(np.random.PCG64(secrets.randbits(128)))
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:

@@ -20,8 +20,8 @@ class InherentClients(ClientAlgorithm):
             poison: Any) -> LocalResult:
         if work.inherent is None:
             raise ValueError("clients.algorithm = 'inherent' needs the inherent plugin's sigma^2 ([inherent])")
-        icfg, sigma2 = work.inherent
+        icfg, sigma2, source = work.inherent
         updates, norms = inherent_updates(
-            work.backend.model, params, work.data, ids, icfg, sigma2, work.seed, round_, loss_fn=work.backend.loss_fn
+            work.backend.model, params, work.data, ids, icfg, sigma2, source, round_, loss_fn=work.backend.loss_fn
         )
         return LocalResult(updates, norms, None)

@@ -42,4 +42,6 @@ def make_plugin(setup: Any) -> Any:
 
     icfg = cfg.inherent
     d_min = min(setup.client_sizes) if icfg.max_records is None else min(min(setup.client_sizes), icfg.max_records)
-    return InherentPlugin(icfg, rounds=cfg.rounds, num_users=cfg.clients.num_clients, dataset_size=d_min)
+    return InherentPlugin(
+        icfg, rounds=cfg.rounds, num_users=cfg.clients.num_clients, dataset_size=d_min, source=setup.source
+    )

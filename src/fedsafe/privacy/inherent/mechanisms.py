@@ -15,7 +15,8 @@ gsgd       ``N(1/D, I_D/(B·D))`` (Assumption 2)          ``ḡ_i``             
 
 Added noise: ``isotropic`` ``N(0, σ² I_d)`` per user (Table 1's "Isotropic Gaussian", so the sum
 carries ``N·σ²``), or ``wf_na`` water-filling to floor ``σ²`` (:mod:`.waterfilling`).
-Every draw comes from the passed ``torch.Generator``.
+Every draw comes from the passed generator: a ``torch.Generator`` or a stream of a
+:class:`fedsafe.core.randomness.RandomSource` (the engine passes its secret source's).
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-import torch
 from torch import Tensor
 
+from fedsafe.core.randomness import Generator, permutation, standard_normal
 from fedsafe.privacy.inherent.waterfilling import wf_na_noise
 
 __all__ = ["MECHANISMS", "NOISES", "client_update", "gd", "gsgd", "sgd_iid"]
@@ -43,10 +44,10 @@ def _check(grads: Tensor, batch_size: int | None = None) -> tuple[int, int]:
     return n, d
 
 
-def _isotropic(shape: tuple[int, ...], std: float, like: Tensor, generator: torch.Generator | None) -> Tensor:
+def _isotropic(shape: tuple[int, ...], std: float, like: Tensor, generator: Generator | None) -> Tensor:
     if std < 0:
         raise ValueError(f"noise_std must be >= 0, got {std}")
-    return std * torch.randn(shape, generator=generator, dtype=like.dtype, device=like.device)
+    return std * standard_normal(shape, generator, like.dtype).to(like.device)
 
 
 def sgd_iid(
@@ -54,17 +55,17 @@ def sgd_iid(
     batch_size: int,
     *,
     noise_std: float = 0.0,
-    generator: torch.Generator | None = None,
+    generator: Generator | None = None,
 ) -> Tensor:
     """Minibatch SGD with IID sampling (Remark 1): mean of ``B`` rows drawn without replacement,
     plus ``N(0, noise_std² I)`` when ``noise_std > 0`` (Table 1 rows 1–2)."""
     n, d = _check(grads, batch_size)
-    idx = torch.randperm(n, generator=generator)[:batch_size]
+    idx = permutation(n, generator)[:batch_size]
     x = grads[idx.to(grads.device)].mean(dim=0)
     return x + _isotropic((d,), noise_std, grads, generator) if noise_std > 0 else x
 
 
-def gd(grads: Tensor, *, noise_std: float = 0.0, generator: torch.Generator | None = None) -> Tensor:
+def gd(grads: Tensor, *, noise_std: float = 0.0, generator: Generator | None = None) -> Tensor:
     """Full-batch gradient descent: ``ḡ_i = (1/D) Σ_j g_{i,j}``, deterministic unless
     ``noise_std > 0`` (Table 1 rows 3–4)."""
     _, d = _check(grads)
@@ -77,7 +78,7 @@ def gsgd(
     batch_size: int,
     *,
     noise_std: float = 0.0,
-    generator: torch.Generator | None = None,
+    generator: Generator | None = None,
     num: int | None = None,
 ) -> Tensor:
     """Gaussian-sampling SGD (Assumption 2, Eq. 17): ``x_i = G_i w_i``, ``w_i = 1/D + ξ/√(BD)``,
@@ -88,7 +89,7 @@ def gsgd(
     if batch_size < 1:
         raise ValueError(f"batch_size B must be >= 1, got {batch_size}")
     m = 1 if num is None else num
-    xi = torch.randn(m, n, generator=generator, dtype=grads.dtype, device=grads.device)
+    xi = standard_normal((m, n), generator, grads.dtype).to(grads.device)
     w = 1.0 / n + xi / math.sqrt(batch_size * n)
     x = w @ grads
     if noise_std > 0:
@@ -103,7 +104,7 @@ def client_update(
     batch_size: int,
     noise: Literal["none", "isotropic", "wf_na"] = "none",
     sigma: float = 0.0,
-    generator: torch.Generator | None = None,
+    generator: Generator | None = None,
     wf_method: Literal["exact", "block"] = "exact",
     wf_blocks: int = 1,
 ) -> Tensor:

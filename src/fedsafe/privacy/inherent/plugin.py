@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from fedsafe.core.plugins import Plugin, RoundHost
-from fedsafe.core.streams import torch_stream
+from fedsafe.core.randomness import RandomSource
 from fedsafe.privacy.inherent.bounds import TABLE1_ROWS
 from fedsafe.privacy.inherent.composition import calibrate_sigma2, epsilon_schedule
 from fedsafe.privacy.inherent.config import InherentConfig, Row
@@ -33,10 +33,12 @@ assert set(Row.__args__) == set(TABLE1_ROWS)  # type: ignore[attr-defined]
 
 def inherent_updates(
     model: torch.nn.Module, params: Tensor, data, ids: np.ndarray, cfg: InherentConfig, sigma2: float,
-    seed: int, round_: int, loss_fn=None,
+    source: RandomSource, round_: int, loss_fn=None,
 ) -> tuple[Tensor, Tensor]:
     """Each user's released vector and its mean per-example loss proxy (the clipped grad norm);
-    ``loss_fn(logits, y)``: the training loss (default: cross-entropy)."""
+    ``loss_fn(logits, y)``: the training loss (default: cross-entropy). User c's sampling and
+    noise come from ``source``'s stream ``("inherent", round, c)`` (secret unless the run is
+    seeded)."""
     mechanism, noise = cfg.row.split("+")
     out, norms = [], []
     for c in ids:
@@ -46,7 +48,7 @@ def inherent_updates(
         )
         x = client_update(
             grads, mechanism=mechanism, batch_size=min(cfg.batch_size, grads.shape[0]), noise=noise,
-            sigma=math.sqrt(sigma2), generator=torch_stream(seed, "inherent", round_, int(c)),
+            sigma=math.sqrt(sigma2), generator=source.stream("inherent", round_, int(c)),
             wf_method=cfg.wf_method, wf_blocks=cfg.wf_blocks,
         )
         out.append(x.to(params.dtype))
@@ -59,8 +61,11 @@ class InherentPlugin(Plugin):
 
     name = "inherent"
 
-    def __init__(self, cfg: InherentConfig, *, rounds: int, num_users: int, dataset_size: int) -> None:
+    def __init__(
+        self, cfg: InherentConfig, *, rounds: int, num_users: int, dataset_size: int, source: RandomSource
+    ) -> None:
         self.cfg = cfg
+        self.source = source
         kw = dict(num_users=num_users, clip=cfg.clip, dataset_size=dataset_size, batch_size=cfg.batch_size,
                   composition=cfg.composition)
         self.sigma2 = cfg.sigma2 if cfg.sigma2 is not None else calibrate_sigma2(
@@ -69,8 +74,8 @@ class InherentPlugin(Plugin):
         self.schedule = epsilon_schedule(cfg.row, rounds, cfg.delta, sigma2=self.sigma2, **kw)
 
     def configure_clients(self, work: Any) -> None:
-        # the clients release the row with this σ² (algorithm = "inherent")
-        work.inherent = (self.cfg, self.sigma2)
+        # the clients release the row with this σ², noised from this source (algorithm = "inherent")
+        work.inherent = (self.cfg, self.sigma2, self.source)
 
     def on_round_end(self, fed: RoundHost, row: dict[str, Any]) -> dict[str, Any]:
         eps = float(self.schedule[row["round"] - 1])

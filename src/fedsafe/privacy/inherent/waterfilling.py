@@ -32,6 +32,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from fedsafe.core.randomness import Generator, standard_normal
+
 __all__ = ["WaterFillingPlan", "wf_na_noise", "wf_na_plan"]
 
 
@@ -68,17 +70,17 @@ class WaterFillingPlan:
     method: str
     blocks: tuple[_Block, ...]
 
-    def sample(self, generator: torch.Generator | None = None, num: int | None = None) -> Tensor:
+    def sample(self, generator: Generator | None = None, num: int | None = None) -> Tensor:
         """Draw noise: shape ``(d,)``, or ``(num, d)`` when ``num`` is given. float64."""
         m = 1 if num is None else num
         out = torch.empty(m, self.dim, dtype=torch.float64)
         sigma = math.sqrt(self.sigma2)
         for b in self.blocks:
             k = b.basis.shape[1]
-            z1 = torch.randn(m, k, generator=generator, dtype=torch.float64)
+            z1 = standard_normal((m, k), generator, torch.float64)
             part = (z1 * b.lift.sqrt()) @ b.basis.T
             if not b.full:
-                z2 = torch.randn(m, b.width, generator=generator, dtype=torch.float64)
+                z2 = standard_normal((m, b.width), generator, torch.float64)
                 part = part + sigma * (z2 - (z2 @ b.basis) @ b.basis.T)
             out[:, b.start : b.stop] = part
         return out[0] if num is None else out
@@ -170,7 +172,7 @@ def wf_na_noise(
     batch_size: int,
     sigma2: float,
     *,
-    generator: torch.Generator | None = None,
+    generator: Generator | None = None,
     method: Literal["exact", "block"] = "exact",
     num_blocks: int = 1,
     num: int | None = None,

@@ -1,0 +1,206 @@
+"""Randomness that protects privacy: secret by default, derived from the seed only on request.
+
+Everything else in fedsafe draws from the named seeded streams of :mod:`fedsafe.core.streams`,
+so a run is reproducible from ``seed``. That is wrong for the draws a privacy guarantee rests
+on: DP noise (central, local, distributed; the inherent-noise mechanisms) and the client sample
+whose secrecy amplification by sampling assumes. ``seed`` is public (it is in the config saved
+beside the model), so noise regenerated from it can be subtracted from a released model.
+
+A :class:`RandomSource` hands out one :class:`Stream` per name and keys, exactly like the seeded
+streams, so every client's noise stays a pure function of ``(source, name, round, client)``
+and a remote client computes its own row alone. Two kinds:
+
+* **secure** (the default, ``secure_randomness = true``): a 256-bit secret drawn from the
+  operating system (:func:`secrets.token_bytes`) when the run starts, never written anywhere.
+  Stream ``(name, *keys)`` is the ChaCha20 keystream under the key
+  ``BLAKE2b-256(key = secret, message = name ‖ keys)``: a cryptographically secure generator,
+  as Opacus's ``secure_mode``. Gaussians are Box–Muller on 53-bit uniforms in (0, 1), and each
+  returned normal is the sum of four such draws divided by 2 (Opacus's mitigation of the
+  floating-point attacks on Gaussian samplers, Holohan and Braghin 2021: the low-order bits of
+  a single Box–Muller output are not uniformly distributed). A resumed run draws a fresh
+  secret: its state (model, accountant, clip norm) continues exactly from the checkpoint, and
+  the rounds after the checkpoint are redrawn with new noise.
+* **seeded** (``secure_randomness = false``): the named stream ``(seed, name, *keys)`` of
+  :mod:`fedsafe.core.streams`, bit for bit what fedsafe drew before this module existed. Runs
+  are reproducible and resume byte-identically, and they are **not private**: anyone with the
+  config can regenerate the noise. Summaries and saved models of such runs carry
+  :data:`SEEDED_WARNING`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import secrets
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from torch import Tensor
+
+from fedsafe.core.streams import numpy_stream, torch_stream
+
+SEEDED_WARNING = "not private: noise derived from the seed"
+SECRET_BYTES = 32
+_CHUNK_WORDS = 1 << 16  # 512 KiB of keystream per call: the chunk's arithmetic stays in cache
+
+
+class SecretStream:
+    """One stream of a secure source: the ChaCha20 keystream of a key derived from the
+    source's secret and the stream's identity. Successive calls continue the stream."""
+
+    def __init__(self, key: bytes) -> None:
+        self._enc = Cipher(algorithms.ChaCha20(key, bytes(16)), mode=None).encryptor()
+
+    def words(self, count: int) -> np.ndarray:
+        """The next ``count`` keystream words, little-endian uint64."""
+        return np.frombuffer(self._enc.update(bytes(8 * count)), dtype="<u8")
+
+    def uniform(self, count: int) -> np.ndarray:
+        """``count`` float64 uniforms in (0, 1): the top 53 bits of a word, plus half a step."""
+        return ((self.words(count) >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
+
+    def _box_muller(self, count: int) -> Tensor:
+        """``count`` (even) standard normals, float64: Box–Muller on pairs of uniforms, in
+        chunks that stay in cache, with torch's vectorised transcendental functions."""
+        out = torch.empty(count, dtype=torch.float64)
+        for s in range(0, count, _CHUNK_WORDS):
+            u = torch.from_numpy(self.uniform(min(_CHUNK_WORDS, count - s)))
+            r = u[0::2].log().mul_(-2.0).sqrt_()
+            theta = u[1::2].mul_(2.0 * math.pi)
+            out[s : s + u.numel() : 2] = theta.cos() * r
+            out[s + 1 : s + u.numel() : 2] = theta.sin_().mul_(r)
+        return out
+
+    def normal(self, shape: tuple[int, ...] | int, dtype: torch.dtype = torch.float32) -> Tensor:
+        """Standard normals of ``shape``: each the sum of four Box–Muller draws over 2."""
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        count = math.prod(shape)
+        z = self._box_muller(4 * count).view(4, count).sum(dim=0).mul_(0.5)
+        return z.view(shape).to(dtype)
+
+
+class SeededStream:
+    """One stream of a seeded source: the named streams of :mod:`fedsafe.core.streams`
+    (``torch_stream`` for normals, ``numpy_stream`` for uniforms), created on first use."""
+
+    def __init__(self, seed: int, name: str, keys: tuple[int, ...]) -> None:
+        self._id = (seed, name, keys)
+        self._torch: torch.Generator | None = None
+        self._numpy: np.random.Generator | None = None
+
+    @property
+    def generator(self) -> torch.Generator:
+        """The stream's torch generator (what fedsafe drew its noise from before)."""
+        if self._torch is None:
+            seed, name, keys = self._id
+            self._torch = torch_stream(seed, name, *keys)
+        return self._torch
+
+    @property
+    def rng(self) -> np.random.Generator:
+        if self._numpy is None:
+            seed, name, keys = self._id
+            self._numpy = numpy_stream(seed, name, *keys)
+        return self._numpy
+
+    def uniform(self, count: int) -> np.ndarray:
+        return self.rng.random(count)
+
+    def normal(self, shape: tuple[int, ...] | int, dtype: torch.dtype = torch.float32) -> Tensor:
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        return torch.randn(shape, generator=self.generator, dtype=dtype)
+
+
+Stream = SecretStream | SeededStream
+
+
+@dataclass(frozen=True)
+class RandomSource:
+    """Where privacy-protecting draws come from: ``secret`` None means seeded (reproducible,
+    not private). The secret never appears in ``repr``, a plugin's ``state_dict``, a checkpoint
+    or a summary; it travels only where the clients' own computation goes (a Ray task that
+    computes a client's noised release)."""
+
+    seed: int
+    secret: bytes | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
+        if self.secret is not None and len(self.secret) != SECRET_BYTES:
+            raise ValueError(f"a secret has {SECRET_BYTES} bytes, got {len(self.secret)}")
+
+    @classmethod
+    def secure(cls, seed: int = 0) -> RandomSource:
+        """A source keyed by 256 fresh bits from the operating system."""
+        return cls(seed, secrets.token_bytes(SECRET_BYTES))
+
+    @classmethod
+    def seeded(cls, seed: int) -> RandomSource:
+        """A source derived from ``seed``: reproducible and not private."""
+        return cls(seed, None)
+
+    @classmethod
+    def for_run(cls, seed: int, secure: bool) -> RandomSource:
+        return cls.secure(seed) if secure else cls.seeded(seed)
+
+    @property
+    def is_secure(self) -> bool:
+        return self.secret is not None
+
+    def stream(self, name: str, *keys: int) -> Stream:
+        """The stream ``(name, *keys)``; keys are integers >= 0."""
+        for k in keys:
+            if int(k) < 0:
+                raise ValueError(f"stream keys must be >= 0, got {keys} for stream {name!r}")
+        if self.secret is None:
+            return SeededStream(self.seed, name, tuple(int(k) for k in keys))
+        msg = name.encode() + b"\x00" + b"".join(struct.pack("<Q", int(k)) for k in keys)
+        return SecretStream(hashlib.blake2b(msg, key=self.secret, digest_size=32).digest())
+
+
+
+def privacy_stamp(private: bool, source: RandomSource) -> dict[str, str]:
+    """What a run's summary and saved model say of its noise: nothing without a privacy
+    mechanism; else ``randomness`` (secure or seeded) and, when seeded, ``privacy_warning``."""
+    if not private:
+        return {}
+    if source.is_secure:
+        return {"randomness": "secure"}
+    return {"randomness": "seeded", "privacy_warning": SEEDED_WARNING}
+
+
+Generator = torch.Generator | SecretStream | SeededStream
+
+
+def standard_normal(shape: tuple[int, ...] | int, generator: Generator | None, dtype: torch.dtype) -> Tensor:
+    """N(0, 1) values of ``shape`` from a torch generator (None: torch's global one) or a
+    :class:`RandomSource` stream."""
+    if generator is None or isinstance(generator, torch.Generator):
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        return torch.randn(shape, generator=generator, dtype=dtype)
+    return generator.normal(shape, dtype)
+
+
+def permutation(n: int, generator: Generator | None) -> Tensor:
+    """A uniformly random permutation of ``range(n)`` (int64): ``torch.randperm`` for a torch
+    generator or a seeded stream (its generator), the order of uniform 64-bit keys for a
+    secret stream."""
+    if isinstance(generator, SecretStream):
+        return torch.from_numpy(np.argsort(generator.words(n), kind="stable"))
+    if isinstance(generator, SeededStream):
+        generator = generator.generator
+    return torch.randperm(n, generator=generator)
+
+
+def sample_subset(stream: Stream, population: int, size: int) -> np.ndarray:
+    """A uniformly random subset of ``size`` of ``range(population)``, sorted: the ``size``
+    smallest of one uniform 64-bit key per element (ties, probability < population²/2⁶⁵, by
+    lowest index)."""
+    if isinstance(stream, SeededStream):
+        return np.sort(stream.rng.choice(population, size=size, replace=False))
+    keys = stream.words(population)
+    return np.sort(np.argsort(keys, kind="stable")[:size])
