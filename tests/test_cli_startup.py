@@ -27,7 +27,7 @@ PROBE = textwrap.dedent("""
 """)
 
 COMMANDS = [
-    ["--help"], ["run", "--help"], ["sweep", "--help"], ["report", "--help"], ["list", "--help"],
+    ["--help"], ["run", "--help"], ["check", "--help"], ["sweep", "--help"], ["report", "--help"], ["list", "--help"],
     ["privacy", "--help"], ["privacy", "epsilon", "--help"], ["privacy", "spectrum", "--help"],
     ["audit", "--help"], ["audit", "gaussian", "--help"],
     *[["list", kind] for kind in catalog.SOURCES],  # every KIND but keys (see catalog's docstring)

@@ -77,13 +77,16 @@ def run(
     overwrite: Annotated[bool, typer.Option("--overwrite", help="replace an earlier fedsafe run in --out")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress output")] = False,
 ) -> None:
-    """Run an experiment (or resume a killed one) and print its summary."""
-    from fedsafe.config import load
+    """Run an experiment (or resume a killed one) and print its summary. Every check of
+    ``fedsafe check`` runs first: a config with problems is refused with all of them listed."""
+    from fedsafe.core.errors import RunDirError
+    from fedsafe.engine.check import check_experiment
     from fedsafe.engine.run import (
         RunStopped,
         describe_os_error,
         last_checkpoint_round,
         load_run_config,
+        prepare_out_dir,
         resume_hint,
         run_experiment,
     )
@@ -91,15 +94,29 @@ def run(
     target = None
     cfg = None
     try:
+        federation = None
         if resume is not None:
             if config is not None or set_ or variant or out_dir is not None:
                 raise ConfigError(["--resume takes the run directory alone (its config.toml is reused)"])
             cfg = load_run_config(resume)
             target = resume
         else:
-            cfg = load(config, set_, variant)
-            target = out_dir or Path("runs") / cfg.name
-        run_experiment(cfg, target, resume=resume is not None, overwrite=overwrite, quiet=quiet, console=err)
+            # every problem at once (fedsafe check), before the output folder is touched; the data
+            # it loads is the run's
+            checked = check_experiment(config, set_, variant, keep_data=True)
+            target = out_dir or (Path("runs") / checked.name if checked.name is not None else None)
+            if not checked.ok:
+                problems = list(checked.problems)
+                if target is not None:
+                    try:
+                        prepare_out_dir(target, overwrite)
+                    except RunDirError as e:
+                        problems.extend(e.problems)
+                raise ConfigError(problems)
+            cfg = checked.cfg
+            federation = checked.federation
+        run_experiment(cfg, target, resume=resume is not None, overwrite=overwrite, quiet=quiet, console=err,
+                       federation=federation)
     except RunStopped as e:  # the Ray cluster failed mid-run: what happened, and how to go on
         for line in e.problems:
             print(f"error: {line}", file=sys.stderr, flush=True)
@@ -110,7 +127,10 @@ def run(
     except OSError as e:  # a read-only or full disk met outside the run's own writes
         _fail(FedsafeError(describe_os_error(e, f"{target}")))
     except KeyboardInterrupt:
-        done = last_checkpoint_round(target, cfg) if cfg is not None and target is not None else {}
+        if cfg is None or target is None:  # still checking: nothing was written
+            print("\ninterrupted.", file=sys.stderr, flush=True)
+            raise typer.Exit(130) from None
+        done = last_checkpoint_round(target, cfg)
         where = ", ".join(f"{name}: round {r}" for name, r in done.items() if r) or "none yet"
         print(
             f"\ninterrupted. Last checkpoint ({where}). Continue with: fedsafe run --resume {target}",
@@ -128,6 +148,52 @@ def run(
                 "anyone with its config can regenerate the noise", highlight=False,
             )
     out.print(f"results in {target}/", highlight=False)
+
+
+@app.command()
+def check(
+    config: Annotated[Optional[Path], typer.Argument(metavar="[CONFIG.toml]", help="experiment TOML (default: the embedded default)")] = None,
+    set_: Annotated[list[str], typer.Option("--set", "-s", metavar="KEY=VALUE", help="override a config key (repeatable)")] = [],  # noqa: B006
+    variant: Annotated[list[str], typer.Option("--variant", "-v", metavar="NAME", help="check only this variant (repeatable; 'base': the file without variants)")] = [],  # noqa: B006
+    flower: Annotated[bool, typer.Option("--flower", help="also what fedsafe's Flower ServerApp refuses (fedsafe.flower.server_app)")] = False,
+    flower_strategy: Annotated[bool, typer.Option("--flower-strategy", help="check it as the config of FedsafeStrategy in your own Flower project instead")] = False,
+    nodes: Annotated[Optional[int], typer.Option("--nodes", min=1, metavar="N", help="with --flower or --flower-strategy: the SuperNodes the run will have")] = None,
+) -> None:
+    """Check an experiment without running it: every problem at once, one line each (the checks
+    fedsafe run makes before it writes anything: the config, the data, the model, each rule's
+    n/f requirement, each protocol's preflight, the round plugins)."""
+    if flower and flower_strategy:
+        _fail(ConfigError(["--flower and --flower-strategy: give one (fedsafe's ServerApp, or FedsafeStrategy)"]))
+    if nodes is not None and not (flower or flower_strategy):
+        _fail(ConfigError(["--nodes applies to --flower and --flower-strategy"]))
+    if variant and flower_strategy:
+        _fail(ConfigError(["--variant: FedsafeStrategy runs one experiment, without variants"]))
+    from fedsafe.engine.check import check_experiment
+
+    where = str(config) if config is not None else "the default config"
+    if flower_strategy:
+        from fedsafe.flower.check import check_strategy
+
+        result = check_strategy(config, set_, nodes=nodes)
+        runs = "FedsafeStrategy"
+    else:
+        extra = None
+        if flower:
+            from fedsafe.flower.check import app_problems
+
+            def extra(cfg, jobs, replaced):
+                return app_problems(cfg, jobs, replaced, nodes=nodes)
+
+        result = check_experiment(config, set_, variant, extra=extra)
+        named = [job.name for job in result.jobs if job.prefix]
+        runs = f"{len(named)} variant{'s' * (len(named) != 1)}" if named else "no variants"
+        if flower:
+            runs += ", fedsafe's Flower ServerApp"
+    for line in result.warnings:
+        print(f"warning: {line}", file=sys.stderr, flush=True)
+    if not result.ok:
+        _fail(ConfigError(result.problems))
+    out.print(f"ok: {where} ({runs})", highlight=False, markup=False, soft_wrap=True)
 
 
 @app.command("list")

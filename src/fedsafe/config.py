@@ -29,6 +29,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -49,6 +50,14 @@ from fedsafe.robust.aggregators import AGGREGATORS
 from fedsafe.robust.attacks import ATTACKS
 from fedsafe.robust.preaggregators import PREAGGREGATORS
 from fedsafe.zo.config import ZOConfig
+
+
+class _Problems(ValueError):
+    """Several problems found by one validator, one line each (:func:`format_errors`)."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = list(problems)
 
 
 class Strict(BaseModel):
@@ -315,20 +324,34 @@ class ExperimentConfig(Strict):
         return v
 
     @model_validator(mode="after")
-    def _cross(self) -> ExperimentConfig:
+    def _cross(self, info: ValidationInfo) -> ExperimentConfig:
+        if (info.context or {}).get("cross", True):
+            problems = [msg for msg, _ in self.cross_problems()]
+            if problems:
+                raise _Problems(problems)
+        return self
+
+    def cross_problems(self) -> list[tuple[str, tuple[str, ...]]]:
+        """Every problem between settings of different sections, all at once: (the message,
+        which names its keys; the dotted keys it reads). ``fedsafe check`` leaves out a problem
+        that reads a key it had to set back to its default (fedsafe.engine.check)."""
+        out: list[tuple[str, tuple[str, ...]]] = []
         n_total = self.clients.num_clients
         if self.attack.f >= n_total:
-            raise ValueError(
+            out.append((
                 f"attack.f={self.attack.f} must be < clients.num_clients={n_total} "
-                "(at least one honest client)"
-            )
+                "(at least one honest client)", ("attack.f", "clients.num_clients"),
+            ))
         if self.clients.gradient == "zeroth_order" and self.clients.algorithm == "inherent":
-            raise ValueError("clients.gradient = 'zeroth_order' applies to dsgd and fedavg, not inherent")
+            out.append((
+                "clients.gradient = 'zeroth_order' applies to dsgd and fedavg, not inherent",
+                ("clients.gradient", "clients.algorithm"),
+            ))
         if (self.clients.algorithm == "inherent") != (self.inherent is not None):
-            raise ValueError(
+            out.append((
                 "clients.algorithm = 'inherent' and the [inherent] section go together "
-                "(set both, or neither)"
-            )
+                "(set both, or neither)", ("clients.algorithm", "inherent"),
+            ))
         if self.protocol == "secagg":
             c = self.clients
             most = {"fixed": c.sample_size}.get(c.sampling) or c.num_clients
@@ -336,30 +359,36 @@ class ExperimentConfig(Strict):
                 self.secagg.check_capacity(most)
             except ValueError as e:
                 msg = str(e).removeprefix("secagg: ")
-                raise ValueError(msg if msg.startswith("secagg.") else f"secagg: {msg}") from None
+                out.append((msg if msg.startswith("secagg.") else f"secagg: {msg}", ("protocol", "secagg", "clients")))
             if self.dp.enabled and self.dp.placement == "central":
-                raise ValueError(
+                out.append((
                     "dp.placement = 'central' with protocol = 'secagg': the server sees only the sum, "
-                    "so it cannot clip what a client sends; use dp.placement = 'distributed'"
-                )
+                    "so it cannot clip what a client sends; use dp.placement = 'distributed'",
+                    ("protocol", "dp.enabled", "dp.placement"),
+                ))
         if self.audit.enabled and not (self.dp.enabled and self.clients.algorithm == "fedavg"):
-            raise ValueError(
+            out.append((
                 "audit.canaries needs dp.enabled = true and clients.algorithm = 'fedavg' "
-                "(canaries are clients of DP-FedAvg, scaled to its clip norm)"
-            )
+                "(canaries are clients of DP-FedAvg, scaled to its clip norm)",
+                ("audit", "dp.enabled", "clients.algorithm"),
+            ))
         if self.dp.enabled:
             c = self.clients
-            self.dp.check(
-                sampling=c.sampling, rounds=self.rounds, num_clients=c.num_clients,
-                q=c.sample_rate, sample_size=c.sample_size,
-            )
+            try:
+                self.dp.check(
+                    sampling=c.sampling, rounds=self.rounds, num_clients=c.num_clients,
+                    q=c.sample_rate, sample_size=c.sample_size,
+                )
+            except ValueError as e:
+                out.append((str(e), ("dp", "clients", "rounds")))
             if self.dp.placement != "local" and (self.robust.rule != "mean" or self.robust.pre):
-                raise ValueError(
+                out.append((
                     f"dp.enabled with dp.placement = '{self.dp.placement}' needs robust.rule = 'mean' "
                     "and no robust.pre: the privacy analysis bounds the sensitivity of the clipped "
-                    "sum (with placement 'local' every message is already private and any rule may run)"
-                )
-        return self
+                    "sum (with placement 'local' every message is already private and any rule may run)",
+                    ("dp.enabled", "dp.placement", "robust.rule", "robust.pre"),
+                ))
+        return out
 
     @property
     def rule_f(self) -> int:
@@ -469,17 +498,20 @@ def validate(raw: dict[str, Any], prefix: str = "") -> ExperimentConfig:
     return cfg
 
 
-def _validate_strict(raw: dict[str, Any], prefix: str = "") -> ExperimentConfig:
+def _validate_strict(raw: dict[str, Any], prefix: str = "", *, cross: bool = True) -> ExperimentConfig:
     """Validate in pydantic's strict mode, over JSON: no coercion between bool, int and str
     (``rounds = true``, ``dp.enabled = "yes"``, ``server.lr = "0.1"`` are errors naming the
     key), while an int still widens to a float (``lr = 1``) and an array fills a tuple
     (``betas = [0.9, 0.99]``), as in TOML. Values with no TOML/JSON form (a TOML date, an object
-    passed through the Python API) are errors naming their key."""
+    passed through the Python API) are errors naming their key. ``cross = False`` leaves out
+    the checks between sections (:meth:`ExperimentConfig.cross_problems`)."""
     problems: list[str] = []
     plain = _plain(raw, "", problems)
     if problems:
         raise ConfigError([f"{prefix}{p}" for p in problems])
-    return ExperimentConfig.model_validate_json(json.dumps(plain, allow_nan=True), strict=True)
+    return ExperimentConfig.model_validate_json(
+        json.dumps(plain, allow_nan=True), strict=True, context={"cross": cross}
+    )
 
 
 def _plain(value: Any, key: str, problems: list[str]) -> Any:
@@ -510,8 +542,8 @@ def _plain(value: Any, key: str, problems: list[str]) -> Any:
     return None
 
 
-def variant_config(cfg: ExperimentConfig, name: str) -> ExperimentConfig:
-    """The config of one variant: the base with the variant's overrides, no variants."""
+def variant_raw(cfg: ExperimentConfig, name: str) -> dict[str, Any]:
+    """The raw (unvalidated) config of one variant: the base with the variant's overrides."""
     base = cfg.to_dict()
     base.pop("variants", None)
     over = cfg.variants[name]
@@ -519,6 +551,12 @@ def variant_config(cfg: ExperimentConfig, name: str) -> ExperimentConfig:
         raise ConfigError([f"variants.{name}: a variant cannot define variants"])
     merged = apply_overrides(base, _flatten(over))
     merged["name"] = name
+    return merged
+
+
+def variant_config(cfg: ExperimentConfig, name: str) -> ExperimentConfig:
+    """The config of one variant: the base with the variant's overrides, no variants."""
+    merged = variant_raw(cfg, name)
     try:
         return _validate_strict(merged, f"variants.{name}: ")
     except ValidationError as e:
@@ -594,22 +632,28 @@ def _overlaps(a: str, b: str) -> bool:
 
 
 def format_errors(err: ValidationError, prefix: str = "") -> list[str]:
-    lines = []
-    for e in err.errors():
-        loc = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in e["loc"]).replace(".[", "[")
-        key = loc or "config"
-        typ = e["type"]
-        if typ == "extra_forbidden":
-            valid = _valid_keys(e["loc"][:-1])
-            lines.append(f"{prefix}{key}: unknown key; valid keys here: {', '.join(valid)}")
-        elif typ == "value_error":
-            msg = str(e.get("ctx", {}).get("error", e["msg"]))
-            lines.append(f"{prefix}{msg}" if _names_key(msg) else f"{prefix}{key}: {msg}")
-        else:
-            got = e.get("input")
-            shown = "" if isinstance(got, dict) else f" (got {got!r})"
-            lines.append(f"{prefix}{key}: {e['msg']}{shown}")
-    return lines
+    return [line for e in err.errors() for line in error_lines(e, prefix)]
+
+
+def error_lines(e: Any, prefix: str = "") -> list[str]:
+    """The lines of one of pydantic's errors (one, or one per problem a validator found)."""
+    loc = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in e["loc"]).replace(".[", "[")
+    key = loc or "config"
+    typ = e["type"]
+    if typ == "extra_forbidden":
+        valid = _valid_keys(e["loc"][:-1])
+        return [f"{prefix}{key}: unknown key; valid keys here: {', '.join(valid)}"]
+    if typ == "value_error":
+        error = e.get("ctx", {}).get("error", e["msg"])
+        return [problem_line(msg, key, prefix) for msg in getattr(error, "problems", None) or [str(error)]]
+    got = e.get("input")
+    shown = "" if isinstance(got, dict) else f" (got {got!r})"
+    return [f"{prefix}{key}: {e['msg']}{shown}"]
+
+
+def problem_line(msg: str, key: str = "config", prefix: str = "") -> str:
+    """One ``error:`` line: ``msg`` as it is where it names its key, else after ``key``."""
+    return f"{prefix}{msg}" if _names_key(msg) else f"{prefix}{key}: {msg}"
 
 
 def _names_key(msg: str) -> bool:

@@ -43,6 +43,40 @@ from fedsafe.robust.backdoor import attack_success_rate, make_poison
 from fedsafe.robust.pipeline import RobustPipeline
 
 
+def check_pipeline_size(cfg: ExperimentConfig, pipeline: RobustPipeline) -> None:
+    """Run the pipeline on a dummy round of the configured size to surface n/f violations
+    at config time (Poisson sampling varies n: violations then skip the round)."""
+    c = cfg.clients
+    n = {"all": c.num_clients, "fixed": c.sample_size}.get(c.sampling)
+    if n is None:
+        return
+    pipeline.server_update = torch.zeros(2) if pipeline.uses_server_update else None
+    try:
+        pipeline.apply(torch.zeros(n, 2), 0, list(range(n)))
+    except ValueError as e:
+        raise ConfigError([f"robust: {e} (with {n} participants per round)"]) from None
+    finally:
+        pipeline.server_update = None  # each round sets its own
+
+
+def preflight_protocol(cfg: ExperimentConfig, protocol: Any, pipeline: RobustPipeline, dim: int) -> None:
+    """The protocol's config-time check for rounds of the configured size with messages of
+    ``dim`` coordinates (HE: do 128-bit-secure parameters exist? TEE: N <= d?), so a run that
+    could only skip every round is refused before it starts. Under Poisson sampling the size
+    varies: the check then runs on the expected size."""
+    preflight = getattr(protocol, "preflight", None)
+    if preflight is None:
+        return
+    c = cfg.clients
+    n = {"all": c.num_clients, "fixed": c.sample_size}.get(c.sampling)
+    if n is None:
+        n = max(1, round(c.num_clients * c.sample_rate))
+    try:
+        preflight(n, pipeline, dim=dim)
+    except ProtocolError as e:
+        raise ConfigError([f"protocol: {e}"]) from None
+
+
 class _Skip(Exception):
     """The round cannot update the model (the reason goes into the metrics row)."""
 
@@ -205,36 +239,10 @@ class Federation:
     # --- set-up checks --------------------------------------------------------------------
 
     def _check_pipeline_size(self) -> None:
-        """Run the pipeline on a dummy round of the configured size to surface n/f violations
-        at config time (Poisson sampling varies n: violations then skip the round)."""
-        c = self.cfg.clients
-        n = {"all": c.num_clients, "fixed": c.sample_size}.get(c.sampling)
-        if n is None:
-            return
-        self.pipeline.server_update = torch.zeros(2) if self.pipeline.uses_server_update else None
-        try:
-            self.pipeline.apply(torch.zeros(n, 2), 0, list(range(n)))
-        except ValueError as e:
-            raise ConfigError([f"robust: {e} (with {n} participants per round)"]) from None
-        finally:
-            self.pipeline.server_update = None  # each round sets its own
+        check_pipeline_size(self.cfg, self.pipeline)
 
     def _preflight_protocol(self, dim: int) -> None:
-        """The protocol's config-time check for rounds of the configured size with messages of
-        ``dim`` coordinates (HE: do 128-bit-secure parameters exist? TEE: N <= d?), so a run that
-        could only skip every round is refused before it starts. Under Poisson sampling the size
-        varies: the check then runs on the expected size."""
-        preflight = getattr(self.protocol, "preflight", None)
-        if preflight is None:
-            return
-        c = self.cfg.clients
-        n = {"all": c.num_clients, "fixed": c.sample_size}.get(c.sampling)
-        if n is None:
-            n = max(1, round(c.num_clients * c.sample_rate))
-        try:
-            preflight(n, self.pipeline, dim=dim)
-        except ProtocolError as e:
-            raise ConfigError([f"protocol: {e}"]) from None
+        preflight_protocol(self.cfg, self.protocol, self.pipeline, dim)
 
     # --- resume ---------------------------------------------------------------------------
 

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from fedsafe.config import ConfigError, ExperimentConfig, apply_overrides, parse_override, validate
+from fedsafe.flower.check import algorithm_problem, config_problems, pipeline_problem
 from fedsafe.flower.records import FlowerError, check_like, flatten_arrays, unflatten_arrays
 
 MARK = "fedsafe.dp"  # the dp_mod's mark in a reply's MetricRecord
@@ -82,12 +83,9 @@ class FedsafeStrategy(_flwr_fedavg()):  # type: ignore[misc]
         from fedsafe.api import raw_config
 
         raw = apply_overrides(raw_config(config), dict(parse_override(o) for o in overrides))
-        algorithm = raw.get("clients", {}).get("algorithm", "fedavg")
-        if algorithm != "fedavg":
-            raise ConfigError([
-                f"clients.algorithm = {algorithm!r}: your ClientApps send trained models, whose deltas are "
-                "FedAvg's messages; leave it unset (fedavg)"
-            ])
+        problem = algorithm_problem(raw)
+        if problem is not None:
+            raise ConfigError([problem])
         raw = apply_overrides(raw, {"clients.algorithm": "fedavg"})
         self.cfg = self._check(validate(raw))
         if not server_lr > 0:
@@ -122,20 +120,7 @@ class FedsafeStrategy(_flwr_fedavg()):  # type: ignore[misc]
 
     @staticmethod
     def _check(cfg: ExperimentConfig) -> ExperimentConfig:
-        problems = []
-        if cfg.variants:
-            problems.append("variants: a strategy runs one experiment; pick one with fedsafe.config.variant_config")
-        if cfg.protocol != "plain":
-            problems.append(
-                f"protocol = {cfg.protocol!r} needs fedsafe's own ClientApp: use fedsafe.flower.server_app/client_app"
-            )
-        if cfg.clients.gradient != "backprop":
-            problems.append("clients.gradient: zeroth-order clients need fedsafe's own ClientApp (fedsafe.flower.client_app)")
-        if cfg.attack.name != "none" or cfg.attack.f:
-            problems.append(
-                "attack: with your own ClientApps the attackers are real clients; set robust.f to the number of "
-                "Byzantine clients the rule must tolerate instead"
-            )
+        problems = config_problems(cfg)  # fedsafe.flower.check: what `fedsafe check --flower-strategy` says
         if problems:
             raise ConfigError(problems)
         return cfg
@@ -176,8 +161,9 @@ class FedsafeStrategy(_flwr_fedavg()):  # type: ignore[misc]
                                             cfg.rule_f, cfg.seed)
         except ValueError as e:
             raise ConfigError([f"robust: {e}"]) from None
-        if self._pipeline.uses_server_update or self._pipeline.uses_history:
-            raise ConfigError([f"robust.rule = {cfg.robust.rule!r} needs fedsafe's own ServerApp (a root dataset or client histories)"])
+        problem = pipeline_problem(self._pipeline, cfg.robust.rule)
+        if problem is not None:
+            raise ConfigError([problem])
         # DP noise and, under DP, the client sample: from a secret unless the config is seeded
         self.source = RandomSource.for_run(cfg.seed, cfg.secure_randomness)
         self.plugins = make_plugins(cfg, self.source, flat, (1,) * n)
