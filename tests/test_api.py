@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ from fedsafe.core.errors import ConfigError
 from fedsafe.core.streams import torch_stream
 from fedsafe.data import load_federated
 from fedsafe.engine.federation import Federation
-from fedsafe.models import build_model
+from fedsafe.models import build_model, flatten_params
 
 BASE = {
     "rounds": 3, "seed": 1, "eval_every": 1, "checkpoint_every": 0,
@@ -211,6 +212,78 @@ def test_batchnorm_without_running_stats_is_accepted():
     net = nn.Sequential(nn.Flatten(), nn.BatchNorm1d(64, track_running_stats=False), nn.Linear(64, 10))
     result = fedsafe.Experiment(BASE, rounds=1, model=net).run()
     assert result.rows[0]["test_accuracy"] is not None
+
+
+class _Normed(nn.Module):
+    """Layers fedsafe draws itself (Conv, GroupNorm, Linear) and one it resets through its own
+    reset_parameters() (LayerNorm with elementwise affine, PReLU)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3)
+        self.norm = nn.GroupNorm(2, 4)
+        self.ln = nn.LayerNorm(4 * 6 * 6)
+        self.act = nn.PReLU()
+        self.fc = nn.Linear(4 * 6 * 6, 10)
+
+    def forward(self, x):
+        return self.fc(self.act(self.ln(self.norm(self.conv(x)).flatten(1))))
+
+
+class _RawParam(nn.Module):
+    """A parameter set directly on the module: nothing can re-draw it."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(64, 10) * 0.1)
+
+    def forward(self, x):
+        return x.flatten(1) @ self.w
+
+
+@pytest.mark.parametrize("make", [_Normed, lambda: nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU(),
+                                                                  nn.Linear(16, 10))])
+def test_seed_sets_a_users_module_initial_weights(make):
+    raw = {**BASE, "rounds": 1}
+    torch.manual_seed(123)
+    first = fedsafe.Experiment(raw, model=make()).run()
+    torch.manual_seed(456)  # torch's global RNG elsewhere: the module is built with other weights
+    net = make()
+    state = torch.get_rng_state()
+    second = fedsafe.Experiment(raw, model=net).run()
+    assert torch.equal(_params(first), _params(second))
+    assert torch.equal(torch.get_rng_state(), state)  # the seeded draws leave the global RNG alone
+    other_seed = fedsafe.Experiment({**raw, "seed": 2}, model=net).run()
+    assert not torch.equal(_params(other_seed)[:40], _params(second)[:40])
+    # model_init="module" is the module's own weights: they follow torch's global RNG
+    torch.manual_seed(123)
+    own_a = fedsafe.Experiment(raw, model=make(), model_init="module").run()
+    torch.manual_seed(456)
+    own_b = fedsafe.Experiment(raw, model=make(), model_init="module").run()
+    assert not torch.equal(_params(own_a), _params(own_b))
+
+
+def test_seeded_user_module_starts_from_the_builtin_models_weights():
+    cfg, _, builtin = _builtin()
+    torch.manual_seed(99)
+    user = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10))  # the mlp's layout
+    fed = fedsafe.Experiment(BASE, model=user).federation()
+    torch.testing.assert_close(fed.state.params, flatten_params(builtin), rtol=0, atol=0)
+    assert not torch.equal(flatten_params(user), flatten_params(builtin))  # the caller's module is untouched
+
+
+def test_a_module_fedsafe_cannot_initialise_keeps_its_weights_and_says_so():
+    torch.manual_seed(0)
+    net = _RawParam()
+    with pytest.warns(UserWarning, match=r"cannot initialise the model \(_RawParam\).*torch.manual_seed"):
+        exp = fedsafe.Experiment(BASE, model=net)
+    assert exp.model_init == "module"
+    torch.testing.assert_close(exp.federation().state.params, flatten_params(net), rtol=0, atol=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fedsafe.Experiment(BASE, model=net, model_init="module")  # said explicitly: no warning
+    with pytest.raises(ConfigError, match="model_init: must be 'seed' or 'module'"):
+        fedsafe.Experiment(BASE, model=net, model_init="random")
 
 
 def test_own_loss():

@@ -23,7 +23,11 @@ What goes in:
   command's dotted keys (``{"dp.noise_multiplier": 1.1}``). Everything is validated as the
   command validates a TOML file: :class:`~fedsafe.core.errors.ConfigError` lists every problem;
 * ``model``: any ``torch.nn.Module`` that ``torch.func.functional_call`` can run (checked by
-  :func:`fedsafe.models.check_model`; trained from its own initial weights);
+  :func:`fedsafe.models.check_model`). Its initial weights are drawn again from the run's
+  ``seed`` (:func:`fedsafe.models.seed_parameters`), so the same seed gives the same run
+  whatever state torch's global RNG was in when you built the module; ``model_init="module"``
+  keeps the module's own weights instead (a pretrained model), as does a module with a
+  parameterised part fedsafe cannot initialise (a warning names it);
 * ``data``: a :class:`~fedsafe.data.FederatedDataset`, or what :func:`federated_data` takes
   (``(x, y)`` tensors or arrays, a ``torch.utils.data.Dataset``, a Hugging Face dataset), split
   over ``clients.num_clients`` by the config's ``data.partition``, or by your own
@@ -48,9 +52,10 @@ from __future__ import annotations
 import copy
 import inspect
 import math
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from torch import Tensor, nn
 
@@ -58,10 +63,12 @@ from fedsafe.config import ExperimentConfig, apply_overrides, read_toml, validat
 from fedsafe.core.errors import ConfigError
 from fedsafe.core.plugins import Plugin
 from fedsafe.core.registry import Registry
+from fedsafe.core.streams import torch_stream
 from fedsafe.data import FederatedDataset
 from fedsafe.data.user import federated_data, register_dataset
 from fedsafe.engine.federation import Federation
 from fedsafe.models.custom import check_model
+from fedsafe.models.initialization import seed_parameters, uninitialisable
 from fedsafe.models.saved import load_trained
 from fedsafe.robust.aggregators import AGGREGATORS
 from fedsafe.robust.attacks import ATTACKS, LABEL_TRANSFORMS
@@ -126,7 +133,18 @@ class Experiment:
     ``[data]`` sections; otherwise they are your own module and data. ``data`` / ``test_data`` / ``client_indices``: your data (see
     :func:`federated_data`; a ``FederatedDataset`` or your own ``client_indices`` split sets
     ``clients.num_clients`` from it unless the config names a number); ``model``, ``loss``,
-    ``plugins`` (extra :class:`~fedsafe.core.plugins.Plugin` round hooks)."""
+    ``plugins`` (extra :class:`~fedsafe.core.plugins.Plugin` round hooks).
+
+    ``model_init``: where your module's initial weights come from. ``"seed"`` (the default):
+    drawn from the run's seed, the stream fedsafe's own models use
+    (:func:`fedsafe.models.seed_parameters`: Linear, Conv and GroupNorm as fedsafe draws them,
+    any other layer by its own ``reset_parameters()`` under a seeded RNG), so two runs with
+    the same seed start from the same weights however the module was constructed. If a part
+    of the module holds parameters and has no ``reset_parameters()``
+    (:func:`fedsafe.models.uninitialisable`), the module's own weights are kept and a
+    ``UserWarning`` says so: seed torch (``torch.manual_seed``) before building it to repeat a
+    run. ``"module"``: always the module's own weights (a pretrained model to fine-tune).
+    Either way your object is not modified."""
 
     def __init__(
         self,
@@ -140,6 +158,7 @@ class Experiment:
         variant: str | None = None,
         overrides: Mapping[str, Any] | None = None,
         plugins: Sequence[Plugin] = (),
+        model_init: Literal["seed", "module"] = "seed",
         **sections: Any,
     ) -> None:
         # `data` and `model` double as config sections: a dict is the [data] / [model] table
@@ -178,11 +197,31 @@ class Experiment:
             self._data = self._split(data, test_data, client_indices)
         if loss is not None and not callable(loss):
             raise ConfigError([f"loss: must be a function loss(logits, labels) -> scalar, got {type(loss).__name__}"])
+        if model_init not in ("seed", "module"):
+            raise ConfigError([f"model_init: must be 'seed' or 'module', got {model_init!r}"])
+        self.model_init = model_init
         if model is not None:  # refused now rather than at run(); protocols check at run()
             try:
                 check_model(model, self.data.input_shape, self.data.num_classes)
             except ValueError as e:
                 raise ConfigError([f"model: {e}"]) from None
+            missing = uninitialisable(model) if model_init == "seed" else []
+            if missing:
+                self.model_init = "module"
+                warnings.warn(
+                    f"model {type(model).__name__}: fedsafe cannot initialise {', '.join(missing)} (parameters "
+                    "but no reset_parameters()), so the run starts from the module's own weights and `seed` does "
+                    "not set them: call torch.manual_seed before building the module to repeat a run, or pass "
+                    "model_init='module' to say that this is intended",
+                    UserWarning, stacklevel=2,
+                )
+
+    def _initial_model(self, seed: int) -> nn.Module | None:
+        """The module a federation of this experiment trains: a copy of yours with its
+        weights drawn from ``seed`` (``model_init="seed"``), or yours as it is."""
+        if self.model is None or self.model_init == "module":
+            return self.model
+        return seed_parameters(copy.deepcopy(self.model), torch_stream(seed, "model.init"))
 
     def _split(self, data: Any, test_data: Any, client_indices: Any) -> FederatedDataset:
         from fedsafe.data.loader import _partition_params
@@ -210,7 +249,8 @@ class Experiment:
         """A fresh :class:`~fedsafe.engine.federation.Federation` of this experiment, for
         round-by-round control (``run_round()``); call its ``close()`` when done."""
         return Federation(
-            self.config, out_dir=out_dir, data=self._data, model=self.model, loss=self.loss, plugins=self.plugins
+            self.config, out_dir=out_dir, data=self._data, model=self._initial_model(self.config.seed),
+            loss=self.loss, plugins=self.plugins,
         )
 
     def run(
@@ -251,7 +291,8 @@ class Experiment:
 
                 def make(job_cfg: ExperimentConfig, job_dir: Path) -> Federation:
                     fed = Federation(
-                        job_cfg, out_dir=job_dir, data=self._data, model=self.model, loss=self.loss, plugins=self.plugins
+                        job_cfg, out_dir=job_dir, data=self._data, model=self._initial_model(job_cfg.seed),
+                        loss=self.loss, plugins=self.plugins,
                     )
                     made.append(fed)
                     return fed

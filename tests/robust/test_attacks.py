@@ -84,7 +84,7 @@ EXPECTED = {
     "gaussian": {"std": 200.0},
     "inf_nan": {"value": "nan"},
     "pattern_backdoor": {"target": 0, "size": 3, "fraction": 0.5, "boost": 1.0},
-    "model_replacement": {"target": 0, "size": 3, "fraction": 0.5, "boost": None},
+    "model_replacement": {"target": 0, "size": 3, "fraction": 0.5, "boost": None, "server_lr": None},
     "constrain_and_scale": {"target": 0, "size": 3, "fraction": 0.5, "boost": None, "quantile": 0.5},
     "fang_trimmed_mean": {"b": 2.0},
     "fang_krum": {"threshold": 1e-5, "eps": 0.0},
@@ -405,6 +405,35 @@ def test_own_updates_attacks(name):
         run(name, honest_updates(), make_ctx(f=3))
     with pytest.raises(ValueError, match="shape"):
         run(name, honest_updates(), make_ctx(f=2, own_updates=own))
+
+
+@pytest.mark.parametrize("eta", [1.0, 0.5, 0.1])
+def test_model_replacement_with_the_servers_rate_replaces_the_global_model(eta):
+    # Bagdasaryan et al.: G' = G + (eta/n) sum_i (L_i - G) and the attacker's gamma = n/eta make
+    # G' = L when the honest deltas cancel. fedsafe's server steps by eta times the mean of the
+    # n updates; f attackers each send the backdoored delta L - G.
+    n_h, f = 7, 3
+    n = n_h + f
+    g = torch.Generator().manual_seed(4)
+    global_model = torch.randn(6, generator=g, dtype=torch.float64)
+    backdoored = global_model + torch.randn(6, generator=g, dtype=torch.float64)
+    honest = torch.randn(n_h, 6, generator=g, dtype=torch.float64)
+    honest -= honest.mean(0)  # the honest deltas cancel (near convergence)
+    own = (backdoored - global_model).expand(f, -1).clone()
+
+    def step(**params):
+        byz = run("model_replacement", honest, make_ctx(f=f, n_h=n_h, own_updates=own), **params)
+        return global_model + eta * torch.cat([honest, byz]).mean(0)
+
+    torch.testing.assert_close(step(server_lr=eta), backdoored, rtol=1e-12, atol=1e-12)  # replaced
+    # the default gamma = n/f moves the model eta of the way: replacement only when eta = 1
+    torch.testing.assert_close(step(), global_model + eta * (backdoored - global_model), rtol=1e-12, atol=1e-12)
+    assert torch.equal(run("model_replacement", honest, make_ctx(f=f, n_h=n_h, own_updates=own), server_lr=eta),
+                       own * (n / (f * eta)))
+    with pytest.raises(ValueError, match="not both"):
+        step(server_lr=eta, boost=2.0)
+    with pytest.raises(ValueError, match="server_lr must be > 0"):
+        step(server_lr=0.0)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,12 +16,14 @@ from fedsafe.robust.pipeline import RobustPipeline
 
 
 def _naive_weights(h: np.ndarray, kappa: float = 1.0) -> np.ndarray:
+    # the official code takes cosine_similarity(H) - I: each row keeps a 0 on its diagonal, so
+    # a client's largest cosine is floored at 0 (an update that opposes everyone is not a sybil)
     n = h.shape[0]
     cs = np.zeros((n, n))
     for i in range(n):
         for j in range(n):
             ni, nj = np.linalg.norm(h[i]), np.linalg.norm(h[j])
-            cs[i, j] = -math.inf if i == j else (0.0 if ni == 0 or nj == 0 else float(h[i] @ h[j]) / (ni * nj))
+            cs[i, j] = 0.0 if i == j or ni == 0 or nj == 0 else float(h[i] @ h[j]) / (ni * nj)
     v = cs.max(axis=1)
     for i in range(n):
         for j in range(n):
@@ -49,6 +51,30 @@ def test_weights_against_naive(seed, kappa):
     got = foolsgold_weights(h, kappa)
     np.testing.assert_allclose(got.numpy(), _naive_weights(h.numpy(), kappa), rtol=1e-12, atol=1e-12)
     assert got[6:].tolist() == [0.0, 0.0, 0.0]
+
+
+def test_conforms_to_the_official_code_when_a_client_opposes_everyone():
+    # Two clients close together, a third pointing the other way: its largest cosine to the
+    # others is negative. The official FoolsGold code (DistributedML/FoolsGold,
+    # deep-fg/fg/foolsgold.py) floors it at 0 through the zero diagonal: the third client keeps
+    # full weight, the two similar ones are pardoned to nothing.
+    h = torch.tensor([[1.0, 0.0], [0.9, 0.1], [-1.0, 0.05]], dtype=torch.float64)
+    assert foolsgold_weights(h).tolist() == [0.0, 0.0, 1.0]
+    np.testing.assert_array_equal(_naive_weights(h.numpy()), [0.0, 0.0, 1.0])
+    # every client opposing every other (three directions 120 degrees apart): all honest
+    t = torch.tensor([0.0, 2 * math.pi / 3, 4 * math.pi / 3], dtype=torch.float64)
+    assert foolsgold_weights(torch.stack([t.cos(), t.sin()], 1)).tolist() == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_weights_against_naive_with_opposing_histories(seed):
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randn(20, generator=g, dtype=torch.float64)
+    h = base + 0.8 * torch.randn(7, 20, generator=g, dtype=torch.float64)  # six honest, similar-ish
+    h[6] = -h[:6].sum(0)  # one client against all the others: every cosine of its row negative
+    assert (torch.nn.functional.cosine_similarity(h[6:], h[:6]) < 0).all()
+    got = foolsgold_weights(h)
+    np.testing.assert_allclose(got.numpy(), _naive_weights(h.numpy()), rtol=1e-12, atol=1e-12)
 
 
 def test_rule_uses_the_histories_and_refuses_without_ids():

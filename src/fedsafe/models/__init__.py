@@ -6,7 +6,8 @@
   ``lenet`` (BAFFLE's shallow model, 26,730 on MNIST; optional GroupNorm and Hardswish).
 
 Models output logits; train them with cross-entropy (= SABLE's log-softmax + NLL).
-Parameters are drawn from an explicit ``torch.Generator`` (:func:`init_parameters`).
+Parameters are drawn from an explicit ``torch.Generator`` (:func:`init_parameters`; a user's
+own module: :func:`seed_parameters`).
 """
 
 
@@ -25,6 +26,8 @@ _EXPORTS = {
     "init_parameters": "initialization",
     "load_trained": "saved",
     "save_trained": "saved",
+    "seed_parameters": "initialization",
+    "uninitialisable": "initialization",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -15,8 +15,11 @@ error naming the module and what to change:
 * on a batch of two zero inputs of the dataset's shape it returns logits of shape
   ``(2, num_classes)``.
 
-The module is deep-copied: the run never modifies the caller's object, and its initial
-parameters are the module's own (fedsafe's ``model.init`` stream is not used).
+The module is deep-copied: the run never modifies the caller's object. ``check_model`` keeps
+the module's weights; ``fedsafe.Experiment`` first draws them again from the run's
+``model.init`` stream (:func:`fedsafe.models.seed_parameters`) unless it is given
+``model_init="module"`` or the module has a part that cannot be initialised
+(:func:`fedsafe.models.uninitialisable`), so that ``seed`` fixes the run.
 """
 
 from __future__ import annotations

@@ -243,7 +243,13 @@ def pattern_backdoor(
     return _backdoor_updates(honest, ctx, "pattern_backdoor", fraction) * float(boost)
 
 
-def _replacement_gamma(ctx: AttackContext, boost: float | None, name: str) -> float:
+def _replacement_gamma(ctx: AttackContext, boost: float | None, name: str, server_lr: float | None = None) -> float:
+    if server_lr is not None:
+        if boost is not None:
+            raise ValueError(f"attack {name!r}: give boost or server_lr, not both (server_lr sets boost = n/(f·server_lr))")
+        if not server_lr > 0:
+            raise ValueError(f"attack {name!r}: server_lr must be > 0, got {server_lr}")
+        return ctx.n / (max(ctx.f, 1) * float(server_lr))
     if boost is None:
         return ctx.n / max(ctx.f, 1)
     if not boost > 0:
@@ -254,18 +260,27 @@ def _replacement_gamma(ctx: AttackContext, boost: float | None, name: str) -> fl
 @ATTACKS.register("model_replacement")
 def model_replacement(
     honest: Tensor, *, ctx: AttackContext, target: int = 0, size: int = 3, fraction: float = 0.5,
-    boost: float | None = None,
+    boost: float | None = None, server_lr: float | None = None,
 ) -> Tensor:
     """Model replacement (Bagdasaryan, Veit, Hua, Estrin, Shmatikov, AISTATS 2020): the
-    backdoored update (trained as ``pattern_backdoor``) boosted by ``γ = boost``.
+    backdoored update (trained as ``pattern_backdoor``) boosted by ``γ``.
 
-    The paper submits ``X = γ(L − G) + G`` with ``γ = n/η`` so that averaging n models with
-    server rate η replaces the global model by the backdoored one. In fedsafe's update space the
-    server averages n updates, so the f Byzantine updates times ``γ = n/f`` (the default) make
-    the mean what it would be if every client sent the backdoored update: the same replacement,
-    shared among the f attackers. The rule and the server learning rate then act on it as on
-    any update."""
-    gamma = _replacement_gamma(ctx, boost, "model_replacement")
+    The paper's server computes ``G + (η/n) Σ_i (L_i − G)`` and its attacker submits
+    ``X = γ(L − G) + G`` with ``γ = n/η``, so that (the honest deltas cancelling near
+    convergence) the new global model is the backdoored ``L`` itself. fedsafe's server steps by
+    ``server.lr`` times the aggregate of n updates, the f Byzantine ones among them. Hence:
+
+    - default (``boost`` and ``server_lr`` unset): ``γ = n/f``. The mean is what it would be if
+      every client sent the backdoored update, so the model moves by ``server.lr`` times the
+      backdoored update: full replacement only when ``server.lr = 1``, a step η of the way
+      towards it otherwise;
+    - ``server_lr = η``: ``γ = n/(f·η)``, the paper's ``γ = n/η`` shared among the f attackers:
+      an attacker who knows the server's learning rate (set it to the run's ``server.lr``)
+      moves the model by the whole backdoored update, the paper's replacement;
+    - ``boost``: ``γ`` as given (not together with ``server_lr``).
+
+    The rule then acts on the boosted updates as on any update."""
+    gamma = _replacement_gamma(ctx, boost, "model_replacement", server_lr)
     return _backdoor_updates(honest, ctx, "model_replacement", fraction) * gamma
 
 

@@ -23,10 +23,15 @@ def foolsgold_weights(histories: Tensor, kappa: float = 1.0) -> Tensor:
     """FoolsGold's learning rates α (n,) from the clients' histories (n, d), float64: Fung et
     al. Algorithm 1 without the feature-importance weighting.
 
-    ``cs_ij = cos(H_i, H_j)`` (0 for a zero history, the diagonal excluded); ``v_i = max_j cs_ij``;
-    pardoning ``cs_ij ← cs_ij · v_i / v_j`` where ``v_j > v_i``; ``α_i = 1 − max_j cs_ij``
-    clipped to [0, 1], and 0 below 1e-12 (rounding of an identical direction); ``α ← α / max α`` (all zero stays zero); ``α_i = 0.99`` where it is 1;
-    ``α_i ← κ (ln(α_i / (1 − α_i)) + 0.5)`` clipped to [0, 1] (``α_i = 0`` gives 0)."""
+    ``cs_ij = cos(H_i, H_j)`` for j ≠ i (0 for a zero history) and ``cs_ii = 0``: the
+    official code's ``cosine_similarity(H) − I``, so that every maximum below is floored at 0
+    (a client whose history opposes every other one is no sybil: ``v_i = 0``, full weight);
+    ``v_i = max_j cs_ij``; pardoning ``cs_ij ← cs_ij · v_i / v_j`` where ``v_j > v_i``;
+    ``α_i = 1 − max_j cs_ij`` clipped to [0, 1], and 0 below 1e-12 (rounding of an identical
+    direction); ``α ← α / max α`` (all zero stays zero); ``α_i = 0.99`` where it is 1;
+    ``α_i ← κ (ln(α_i / (1 − α_i)) + 0.5)`` clipped to [0, 1] (``α_i = 0`` gives 0).
+    Conformance with the official code (DistributedML/FoolsGold, ``deep-fg/fg/foolsgold.py``)
+    is tested, e.g. H = [[1, 0], [0.9, 0.1], [−1, 0.05]] gives [0, 0, 1]."""
     return weights_from_gram(gram(histories, dtype=torch.float64).to(torch.float64), kappa)
 
 
@@ -38,7 +43,7 @@ def weights_from_gram(g: Tensor, kappa: float = 1.0) -> Tensor:
     norms = torch.diagonal(g).clamp_min(0).sqrt()
     denom = norms[:, None] * norms[None, :]
     cs = torch.where(denom > 0, g / torch.where(denom > 0, denom, 1.0), torch.zeros_like(denom)).clamp(-1, 1)
-    cs.fill_diagonal_(-math.inf)
+    cs.fill_diagonal_(0.0)  # the floor at 0 (not -inf: see the docstring)
     v = cs.max(dim=1).values
     pardon = v[None, :] > v[:, None]  # v_j > v_i: scale row i's entry j by v_i / v_j
     cs = torch.where(pardon, cs * v[:, None] / torch.where(v[None, :] != 0, v[None, :], 1.0), cs)
