@@ -167,7 +167,8 @@ def test_ray_client_address_needs_the_client_extra(monkeypatch):
 def test_inherent_clients_on_ray_equal_serial(local_ray):
     # The driver fixes σ² (calibrated from the config); tasks receive it with their clients.
     over = {"rounds": 2, "clients.num_clients": 4, "ray.clients_per_task": 2, "clients.algorithm": "inherent",
-            "inherent": {"row": "gsgd+wf_na", "sigma2": 0.5, "max_records": 8}}
+            "inherent": {"row": "gsgd+wf_na", "sigma2": 0.5, "max_records": 8},
+            "secure_randomness": False}  # seeded noise: two runs can only be equal if they draw the same
     serial = Federation(small(execution="serial", **over))
     on_ray = Federation(small(execution="ray", **over))
     serial.run(), on_ray.run()
