@@ -15,6 +15,7 @@ gets σ_b (Andrew et al. 2021), σ_b = ``count_stddev`` or expected_clients / 20
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -61,9 +62,42 @@ class DPPlan:
     q: float | None
     num_clients: int
     sample_size: int | None
+    rounds: int = 0  # planned rounds: the PLD interval is chosen for them (0: per ε computation)
+    honest_clients: int | None = None  # clients that are not Byzantine (default: num_clients)
 
-    def new_accountant(self) -> accounting.Accountant:
-        return _accounting().Accountant(self.delta, self.accountant, self.neighboring)
+    @property
+    def epsilon_observer(self) -> str:
+        """Who the headline ``epsilon`` is against: ``"released"`` (central: anyone who sees what
+        the server releases; the server is trusted) or ``"server"`` (local: local DP of each
+        message; distributed: the secure-aggregation server, which sees who takes part)."""
+        return "released" if self.placement == "central" else "server"
+
+    def new_accountant(self) -> accounting.Accountant | accounting.DistributedAccountant:
+        """The run's accountant. ``central`` / ``local``: an ``Accountant`` whose PLD is composed
+        incrementally at the interval chosen for the planned run (``accounting.planned_interval``).
+        ``distributed``: a ``DistributedAccountant`` (ε against the secure-aggregation server, the
+        headline, and against an outsider who sees the released model)."""
+        acc = _accounting()
+        if self.placement == "distributed":
+            return acc.DistributedAccountant(
+                self.delta,
+                self.accountant,
+                self.neighboring,
+                sampling=self.sampling,
+                z=self.z,
+                q=self.q,
+                honest_clients=self.honest_clients or self.num_clients,
+                noise_shares=self.noise_shares,
+                rounds=self.rounds,
+            )
+        interval = None
+        if self.accountant == "pld":
+            fixed = self.sampling == "fixed"
+            record = acc.make_round_record(
+                self.z, self.q, self.sampling, self.num_clients if fixed else None, self.sample_size if fixed else None
+            )
+            interval = acc.planned_interval(record, self.rounds, self.delta, self.neighboring)
+        return acc.Accountant(self.delta, self.accountant, self.neighboring, value_discretization_interval=interval)
 
     @property
     def noise_shares(self) -> int:
@@ -102,9 +136,29 @@ class DPPlan:
             return self.z
         return _accounting().grid_floor(distributed_noise_multiplier(self.z, n, self.noise_shares))
 
-    def compose_round(self, acc: accounting.Accountant, z: float | None = None, count: int = 1) -> None:
+    def compose_round(
+        self,
+        acc: accounting.Accountant | accounting.DistributedAccountant,
+        z: float | None = None,
+        count: int = 1,
+        *,
+        shares: int | None = None,
+        sampled: int | None = None,
+        clients: Iterable[int] | None = None,
+    ) -> None:
         """Compose ``count`` rounds of this plan into ``acc``, with noise multiplier ``z``
-        (default the plan's z; the engine passes :meth:`round_multiplier`'s)."""
+        (default the plan's z; the engine passes :meth:`round_multiplier`'s). A
+        ``DistributedAccountant`` also takes the round's honest noise ``shares`` in the released
+        sum, the honest clients ``sampled`` and the honest ``clients`` whose updates are in it
+        (defaults: n_s shares, all sampled, no client)."""
+        if isinstance(acc, _accounting().DistributedAccountant):
+            n = self.noise_shares if shares is None else shares
+            ids = list(clients or ())
+            for _ in range(count):
+                acc.compose_round(
+                    self.z if z is None else z, shares=n, sampled=n if sampled is None else sampled, clients=ids
+                )
+            return
         acc.compose_round(
             self.z if z is None else z,
             self.q,
@@ -301,9 +355,12 @@ class DPConfig(BaseModel):
         num_clients: int,
         q: float | None = None,
         sample_size: int | None = None,
+        byzantine: int = 0,
     ) -> DPPlan:
         """Everything the engine needs per round; raises ValueError (naming the ``dp.`` key)
-        when the run cannot be made private as configured."""
+        when the run cannot be made private as configured. ``byzantine``: how many of the
+        ``num_clients`` are Byzantine (their messages carry no trusted noise; distributed DP's
+        released-model bound is over the others)."""
         self.check(sampling=sampling, rounds=rounds, num_clients=num_clients, q=q, sample_size=sample_size)
         m = self.expected_clients(sampling, num_clients, q, sample_size)
         z = self.resolve_noise_multiplier(
@@ -329,6 +386,8 @@ class DPConfig(BaseModel):
             q=q if s == "poisson" else None,
             num_clients=num_clients,
             sample_size=(sample_size if sample_size is not None else int(m)) if fixed else None,
+            rounds=int(rounds),
+            honest_clients=max(1, num_clients - int(byzantine)),
         )
 
 
@@ -345,6 +404,7 @@ def make_plugin(setup: Any) -> Any:
     try:
         plan = cfg.dp.plan(
             sampling=c.sampling, rounds=cfg.rounds, num_clients=c.num_clients, q=c.sample_rate, sample_size=c.sample_size,
+            byzantine=cfg.attack.f,
         )
     except ValueError as e:
         raise ConfigError([str(e)]) from None

@@ -20,7 +20,8 @@ Placement of each step (the engine's named placements, ``fedsafe.core.plugins``)
   multiplier (``DPPlan.round_multiplier``: under ``distributed``, from the honest shares inside
   the released sum, which the protocol reports as ``Aggregate.included``); ε at δ goes into the
   metrics row — every round with RDP (milliseconds), on evaluation rounds and the last round
-  with PLD (its cost grows with the run; the rows in between carry no ``epsilon``).
+  with PLD (the rows in between carry no ``epsilon``). Under ``distributed`` the row also has
+  ``epsilon_server`` (= ``epsilon``) and ``epsilon_released``: ``accounting.DistributedAccountant``.
 
 An empty Poisson sample still releases noise, so emptiness reveals nothing: ``central`` the
 full noise; ``distributed``, where no client share exists, the server adds one share's noise
@@ -60,6 +61,7 @@ class DPPlugin(Plugin):
         self._last: dict[str, float] = {}
         self._honest: frozenset[int] = frozenset()  # this round's honest clients that added noise
         self._shares = 0  # honest noise shares inside this round's released sum (distributed)
+        self._included: frozenset[int] = frozenset()  # honest clients whose updates are in it (distributed)
 
     def message_dim(self, dim: int) -> int:
         return dim + 1 if self.plan.adaptive else dim
@@ -169,6 +171,9 @@ class DPPlugin(Plugin):
         stand_in = p.placement == "distributed" and agg is None
         if p.placement == "distributed":
             self._shares = self._honest_shares(agg)
+            # whose updates are in the sum (every honest one where the protocol does not say)
+            self._included = self._honest if agg is None or agg.included is None else (
+                self._honest.intersection(int(i) for i in agg.included))
             if stand_in:  # nobody sampled: the server adds the one share a lone client would have
                 total = total + client_noise(
                     1, total.shape[0], clip=self.clip, z=p.value_z, placement="distributed",
@@ -196,7 +201,8 @@ class DPPlugin(Plugin):
     def on_round_end(self, fed: RoundHost, row: dict[str, Any]) -> dict[str, Any]:
         p = self.plan
         z_t = p.round_multiplier(self._shares)
-        p.compose_round(self.accountant, z_t)
+        sampled = row.get("participants", 0) - row.get("byzantine", 0)
+        p.compose_round(self.accountant, z_t, shares=self._shares, sampled=sampled, clients=self._included)
         out: dict[str, Any] = {
             "delta": p.delta,
             "clip": self.clip,
@@ -207,9 +213,9 @@ class DPPlugin(Plugin):
             out["dp_noise_shares"] = self._shares
         t, cfg = row["round"], fed.cfg
         if p.accountant == "rdp" or t % cfg.eval_every == 0 or t >= cfg.rounds:
-            out["epsilon"] = self.accountant.epsilon()
+            out.update(self.accountant.epsilons())  # distributed: epsilon_server, epsilon_released too
         out.update(self._last)
-        self._last, self._honest, self._shares = {}, frozenset(), 0
+        self._last, self._honest, self._shares, self._included = {}, frozenset(), 0, frozenset()
         return out
 
     def summary(self, fed: RoundHost) -> dict[str, Any]:
@@ -218,6 +224,8 @@ class DPPlugin(Plugin):
             "dp_placement": self.plan.placement,
             "accountant": self.plan.accountant,
             "neighboring": self.plan.neighboring,
+            "epsilon_observer": self.plan.epsilon_observer,
+            **self.accountant.summary(),
         }
 
     def state_dict(self) -> dict[str, Any]:

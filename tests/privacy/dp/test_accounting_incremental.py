@@ -1,0 +1,142 @@
+"""Incremental PLD accounting (issue #25, item 6): the running privacy loss distribution, composed
+one step at a time, against dp-accounting composing the same events; its cost (one composition
+per new round); checkpoints that resume bit for bit; the interval the engine plans."""
+
+from __future__ import annotations
+
+import math
+
+import dp_accounting as dpa
+import numpy as np
+import pytest
+from dp_accounting import pld
+from dp_accounting.pld import pld_pmf
+
+from fedsafe.privacy.dp import accounting
+from fedsafe.privacy.dp.accounting import Accountant
+from fedsafe.privacy.dp.config import DPConfig
+
+DELTA = 1e-5
+PLD_ = pld.privacy_loss_distribution
+
+
+def sampled_gaussian(z: float, q: float, h: float):
+    return PLD_.from_gaussian_mechanism(standard_deviation=z, value_discretization_interval=h, sampling_prob=q)
+
+
+@pytest.mark.parametrize("z, q, h, times", [(1.0, 0.1, 5e-3, 40), (0.8, 0.5, 1e-2, 10), (2.0, 0.01, 1e-3, 25)])
+def test_compose_pld_is_dp_accountings_composition(z: float, q: float, h: float, times: int) -> None:
+    one = sampled_gaussian(z, q, h)
+    ours = theirs = one
+    for _ in range(times):
+        ours, theirs = accounting.compose_pld(ours, one), theirs.compose(one)
+        for a, b in ((ours._pmf_remove, theirs._pmf_remove), (ours._pmf_add, theirs._pmf_add)):
+            a, b = a.to_dense_pmf(), b.to_dense_pmf()
+            assert a._lower_loss == b._lower_loss and a.size == b.size
+            np.testing.assert_allclose(a._probs, b._probs, rtol=1e-9, atol=1e-18)
+            assert a._infinity_mass == pytest.approx(b._infinity_mass, rel=1e-9, abs=1e-18)
+
+
+def test_pld_epsilon_for_delta_is_dp_accountings() -> None:
+    cases = [sampled_gaussian(1.0, 0.1, 5e-3).self_compose(200), sampled_gaussian(0.6, 1.0, 1e-2).self_compose(3),
+             sampled_gaussian(3.0, 0.02, 1e-4).self_compose(50)]
+    for dist in cases:
+        for delta in (1e-12, 1e-7, 1e-5, 1e-3, 0.2, 0.9):
+            ref = dist.get_epsilon_for_delta(delta)
+            assert accounting.pld_epsilon_for_delta(dist, delta) == pytest.approx(ref, rel=1e-12, abs=1e-12)
+    inf = PLD_.PrivacyLossDistribution(pld_pmf.DensePLDPmf(1e-2, 0, np.array([0.5]), 0.5, True))
+    assert accounting.pld_epsilon_for_delta(inf, 0.1) == math.inf == inf.get_epsilon_for_delta(0.1)
+
+
+ROUNDS = [(1.0, 0.02), (1.3, 0.02), (1.0, 0.02), (1.3, 0.05), (1.0, 0.02)] * 6  # (z, q) per round
+
+
+@pytest.mark.parametrize("every", [1, 4])
+def test_incremental_epsilon_equals_dp_accounting_after_every_round(every: int) -> None:
+    h = 2e-3
+    ours = Accountant(DELTA, value_discretization_interval=h)
+    assert ours.incremental
+    ref = pld.PLDAccountant(value_discretization_interval=h)
+    for t, (z, q) in enumerate(ROUNDS, 1):
+        ours.compose_round(z, q)
+        ref.compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(z)))
+        if t % every == 0:
+            assert ours.epsilon() == pytest.approx(ref.get_epsilon(DELTA), rel=1e-9)
+            assert ours.epsilon(1e-3) == pytest.approx(ref.get_epsilon(1e-3), rel=1e-9)
+
+
+def test_each_new_round_costs_one_composition(monkeypatch) -> None:
+    calls = []
+    real = accounting.compose_pld
+    monkeypatch.setattr(accounting, "compose_pld", lambda a, b: calls.append(1) or real(a, b))
+    acc = Accountant(DELTA, value_discretization_interval=5e-3)
+    acc.compose_round(1.0, 0.1)
+    acc.epsilon()  # the first round is the running PLD itself
+    for t in range(2, 30):
+        acc.compose_round(1.0 if t % 3 else 1.2, 0.1)
+        before = len(calls)
+        acc.epsilon()
+        acc.epsilon()  # memoised: no work
+        assert len(calls) - before == 1
+    # rounds added between two ε: consecutive equal rounds make one self-composed step
+    for _ in range(5):
+        acc.compose_round(1.0, 0.1)
+    before = len(calls)
+    acc.epsilon()
+    assert len(calls) - before == 1
+
+
+def test_checkpoint_replays_the_steps_bit_for_bit() -> None:
+    def run(resume_at: int | None) -> list[float]:
+        acc, out = Accountant(DELTA, value_discretization_interval=2e-3), []
+        for t, (z, q) in enumerate(ROUNDS, 1):
+            acc.compose_round(z, q)
+            if t % 3 == 0:  # ε on "evaluation rounds", a checkpoint on round 7
+                out.append(acc.epsilon())
+            if t == resume_at:
+                state = acc.state_dict()
+                acc = Accountant(DELTA, value_discretization_interval=2e-3)
+                acc.load_state_dict(state)
+        return out
+
+    assert run(None) == run(7)
+    # at another interval the state is re-accounted from its records: an equal ε up to rounding
+    acc = Accountant(DELTA, value_discretization_interval=2e-3)
+    for z, q in ROUNDS:
+        acc.compose_round(z, q)
+    coarse = Accountant(DELTA, value_discretization_interval=4e-3)
+    coarse.load_state_dict(acc.state_dict())
+    ref = pld.PLDAccountant(value_discretization_interval=4e-3)
+    for z, q in ROUNDS:
+        ref.compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(z)))
+    assert coarse.epsilon() == pytest.approx(ref.get_epsilon(DELTA), rel=1e-9)
+
+
+def converged(q: float, z: float, t: int, h: float = 1e-4) -> float:
+    acc = pld.PLDAccountant(value_discretization_interval=h)
+    return acc.compose(dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(z)), t)).get_epsilon(DELTA)
+
+
+@pytest.mark.parametrize("q, z, T", [(0.25, 1.3, 30), (0.02, 1.1, 300)])
+def test_the_planned_interval_gives_what_epsilon_reports_at_every_round(q: float, z: float, T: int) -> None:
+    plan = DPConfig(enabled=True, noise_multiplier=z).plan(sampling="poisson", rounds=T, num_clients=1000, q=q)
+    acc = plan.new_accountant()
+    h = acc.value_discretization_interval
+    # epsilon()'s interval for the run, or twice it where epsilon() found both within 0.05 %
+    tried = dict(accounting.epsilon_table(z, q, T, DELTA)["details"]["pld"].intervals)
+    finer = min(tried)
+    assert h == finer or (h == 2 * finer and abs(tried[h] - tried[finer]) <= 5e-4 * tried[finer])
+    for t in range(1, T + 1):
+        plan.compose_round(acc, plan.z)
+        if t in (T // 3, T):
+            ref = converged(q, z, t)
+            assert ref * (1 - 1e-4) <= acc.epsilon() <= 1.01 * ref
+    assert accounting.epsilon(z, q, T, DELTA) * (1 - 1e-9) <= acc.epsilon() <= accounting.epsilon(z, q, T, DELTA) * 1.0005
+
+
+def test_incremental_accountant_keeps_the_guard_on_huge_epsilon() -> None:
+    acc = Accountant(DELTA, value_discretization_interval=1e-2)
+    acc.compose_round(0.01, 1.0, count=1000)  # z = 0.01: PLD would need gigabytes
+    details = acc.epsilon_details()
+    assert details.method == "rdp-bound" and details.epsilon > accounting.PLD_EPSILON_LIMIT
+    assert acc._running is None  # no PLD was built
