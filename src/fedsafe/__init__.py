@@ -29,6 +29,7 @@ _EXPORTS = {
     "load_model": "api",
     "register_attack": "api",
     "register_dataset": "api",
+    "register_model": "models.build",
     "register_preaggregator": "api",
     "register_rule": "api",
     "sweep": "api",

@@ -1,6 +1,8 @@
-"""A real Flower deployment: the suite starts a SuperLink and three SuperNodes as separate
-processes on 127.0.0.1, submits the example app (examples/flower_app) with ``flwr run``, and
-checks the run directory the ServerApp writes. One experiment, two variants: robust
+"""A real Flower deployment, started with the README's own commands: the suite reads the shell
+commands of the README's "Flower deployment" section (``readme.py``), starts the SuperLink and
+one SuperNode per client as separate processes on 127.0.0.1 (free ports; everything else as
+written), runs the README's ``flwr run`` and ``fedsafe`` commands verbatim, and then submits the
+example app (examples/flower_app) once more with an experiment of two variants: robust
 aggregation under attack (checked against fedsafe's engine) and secure aggregation with one
 SuperNode killed (SIGKILL) during its second round. Bounded in time; every process is ended
 and every file is under pytest's tmp_path."""
@@ -8,61 +10,94 @@ and every file is under pytest's tmp_path."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
-import pytest
 import torch
 
 from fedsafe.config import load
 from fedsafe.engine.run import run_experiment
 
+from . import readme
 from .deployment import Deployment
 
-APP = Path(__file__).resolve().parents[2] / "examples" / "flower_app"
+REPO = Path(__file__).resolve().parents[2]
+APP = REPO / "examples" / "flower_app"
 EXPERIMENT = """
 name = "deployed"
 rounds = 2
 seed = 5
 eval_every = 1
 [clients]
-num_clients = 3
+num_clients = {n}
 [variants.robust]
-robust = { rule = "median" }
-attack = { name = "alie", f = 1 }
+robust = {{ rule = "median" }}
+attack = {{ name = "alie", f = 1 }}
 [variants.secure]
 protocol = "secagg"
 """
-TIMEOUT = 30  # seconds the ServerApp waits for one exchange (a killed node costs one)
-LIMIT = 420  # the whole deployment
+LIMIT = 600  # seconds for one run
+
+
+def exchange_timeout(readme_rounds: list[dict]) -> float:
+    """Seconds the ServerApp waits for one exchange (a killed node costs one): twice the slowest
+    train exchange of the README's run (a secure-aggregation stage costs less), so that a loaded
+    machine does not turn slow nodes into dropouts, and within [30, 120]."""
+    slowest = max((r["client_work_seconds"] for r in readme_rounds), default=10.0)
+    return min(120.0, max(30.0, 2 * slowest))
 
 
 def _rows(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
-def test_deployed_robust_and_secure_aggregation_with_a_node_killed(tmp_path: Path) -> None:
+def test_readme_deployment_then_robust_and_secure_aggregation_with_a_node_killed(tmp_path: Path) -> None:
+    cmds = readme.flower_commands(readme.README.read_text())
+    n = cmds.num_nodes
+    dep = Deployment(tmp_path / "flower", num_nodes=n)
+    dep.env.update(cmds.env)  # the README's exports
+    link, nodes, connection = readme.localize(cmds, dep.port, dep.node_ports)
+    with open(dep.home / "config.toml", "a") as f:  # the README's connection, next to the test's own
+        f.write("\n" + connection)
     exp = tmp_path / "experiment.toml"
-    exp.write_text(EXPERIMENT)
+    exp.write_text(EXPERIMENT.format(n=n))
     out = tmp_path / "run"
-    dep = Deployment(tmp_path / "flower", num_nodes=3)
-    start = time.monotonic()
+    measured: list[dict] = []
     try:
-        dep.start()
-        run_id = dep.submit(APP, f'fedsafe-config="{exp}" fedsafe-out="{out}" fedsafe-timeout={TIMEOUT}')
+        dep.start(superlink=link, supernodes=nodes)
+
+        # The README's commands, as written: flwr run from the repository, fedsafe on the server.
+        for cmd in cmds.runs:
+            r = dep.cli(cmd.argv, cwd=REPO)
+            assert r.returncode == 0, f"{' '.join(cmd.argv)}:\n{r.stdout}\n{r.stderr}"
+            run_id = int(re.search(r"started run (\d+)", r.stdout).group(1))
+            status = dep.wait(run_id, LIMIT)
+            assert status == "finished:completed", f"{' '.join(cmd.argv)}: {status}\n{dep.log('superlink')[-3000:]}"
+            rc = readme.run_config(cmd)[1]
+            rounds = _rows(dep.dir / rc["fedsafe-out"] / "metrics.jsonl")
+            assert rounds and not any("skipped" in r for r in rounds), rounds
+            measured += rounds
+        for cmd in cmds.after:
+            r = dep.cli(cmd.argv, cwd=dep.dir)
+            assert r.returncode == 0, f"{' '.join(cmd.argv)}:\n{r.stdout}\n{r.stderr}"
+
+        # Robust aggregation against the engine, and secure aggregation losing a node.
+        timeout = exchange_timeout(measured)
+        run_id = dep.submit(APP, f'fedsafe-config="{exp}" fedsafe-out="{out}" fedsafe-timeout={timeout:.0f}')
         killed_at = None
-        status = dep.status(run_id)
-        while not status.startswith("finished"):
-            assert time.monotonic() - start < LIMIT, f"run still {status}: {dep.log('superlink')[-3000:]}"
+
+        def kill_in_round_2() -> None:
+            nonlocal killed_at
             secure = _rows(out / "secure" / "metrics.jsonl")
             if killed_at is None and len(secure) == 1:
                 # Round 2 has begun: its local work takes about as long as round 1's; kill a node
                 # just after it, inside the secure-aggregation stages.
                 time.sleep(secure[0]["client_work_seconds"] + 1.0)
-                dep.kill_node(2)
+                dep.kill_node(n - 1)
                 killed_at = 2
-            time.sleep(1.0)
-            status = dep.status(run_id)
+
+        status = dep.wait(run_id, LIMIT, poll=kill_in_round_2)
         assert status == "finished:completed", dep.log("superlink")[-3000:]
     finally:
         dep.close()
@@ -83,7 +118,7 @@ def test_deployed_robust_and_secure_aggregation_with_a_node_killed(tmp_path: Pat
 
     secure = _rows(out / "secure" / "metrics.jsonl")
     assert killed_at == 2 and [r["round"] for r in secure] == [1, 2]
-    assert secure[0]["secagg_survivors"] == 3.0 and secure[0]["dropouts"] == 0
+    assert secure[0]["secagg_survivors"] == float(n) and secure[0]["dropouts"] == 0
     last = secure[1]
     assert "skipped" not in last, last
     lost = last["dropouts"] + last["secagg_dropouts"] + sum(v for k, v in last.items() if k.startswith("secagg_dropped_"))

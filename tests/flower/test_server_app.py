@@ -92,9 +92,9 @@ class _Forgetful(dict):
 def test_secure_aggregation_replayed_parties_give_the_same_model(tmp_path: Path, monkeypatch) -> None:
     """With a fresh process per message the node rebuilds its party from its secret and replays
     the earlier stages: the model is still the engine's, bit for bit."""
-    import fedsafe.flower.secagg as secagg
+    import fedsafe.flower.party as party
 
-    monkeypatch.setattr(secagg, "_PARTIES", _Forgetful())
+    monkeypatch.setattr(party, "_PARTIES", _Forgetful())
     cfg = validate(_merge({**BASE, "secure_randomness": False}, CASES["secagg_distributed_dp"]))
     run_over_flower(cfg, FakeGrid(client_app(noise_seed="experiment"), 5), tmp_path / "flower", timeout=5, wait=5)
     run_experiment(cfg, tmp_path / "engine", overwrite=True, quiet=True)

@@ -4,7 +4,6 @@ trips under functional_call / vmap, and generator-driven initialisation."""
 from __future__ import annotations
 
 import math
-import typing
 
 import pydantic
 import pytest
@@ -210,9 +209,12 @@ def test_config_defaults() -> None:
     assert (cfg.name, cfg.hidden, cfg.activation, cfg.norm, cfg.groups) == ("logreg", 100, "relu", "none", 4)
 
 
-def test_registry_matches_config_literal() -> None:
-    names = typing.get_args(ModelConfig.model_fields["name"].annotation)
-    assert sorted(names) == MODELS.names()
+def test_config_accepts_every_registered_model() -> None:
+    from fedsafe.models.build import BUILTIN_MODELS
+
+    assert sorted(BUILTIN_MODELS) == ["cnn_cifar", "cnn_fmnist", "lenet", "logreg", "mlp"]
+    for name in MODELS.names():
+        assert ModelConfig(name=name).name == name
 
 
 # ---------------------------------------------------------------- flat parameters

@@ -32,10 +32,9 @@ partition of the configured dataset.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from fedsafe.flower.records import (
     CONF,
@@ -49,6 +48,9 @@ from fedsafe.flower.records import (
     config_value,
     read_tensor,
 )
+
+if TYPE_CHECKING:  # torch is imported where it is used: a secure-aggregation stage needs none
+    import torch
 
 NOISE_SEEDS = ("secret", "experiment")
 _STATE = "fedsafe.secagg"  # Context.state: the secure-aggregation party of this round
@@ -85,6 +87,8 @@ class _Node:
     def client_plugins(self, source: Any) -> list[Any]:
         """Fresh instances of the round plugins with a client side, drawing from the node's
         noise source."""
+        import torch
+
         return client_plugins(self.cfg, source, torch.zeros(self.dim))
 
 
@@ -145,7 +149,7 @@ def client_app(
     ``noise_seed``: ``"secret"`` (the node's clients draw DP noise from a secret only the node
     knows) or ``"experiment"`` (the experiment's seed, so a run is reproducible and equal to
     fedsafe's own engine; the server can then remove the noise: for tests only). When None,
-    the run config's ``fedsafe-noise-seed`` decides, and without it the experiment's
+    the run config's ``fedsafe-noise-seed`` decides, and without it (or if empty) the experiment's
     ``secure_randomness`` (true, the default: ``"secret"``). ``model``/``loss``: your own
     ``nn.Module`` and loss, the same ones you give :func:`fedsafe.flower.server_app`.
     """
@@ -164,6 +168,8 @@ def client_app(
 
     @app.train("fedsafe")
     def train(msg: Message, context: Any) -> Message:
+        import torch
+
         t0 = time.perf_counter()
         conf = msg.content[CONF]
         what = "train message"
@@ -186,7 +192,7 @@ def client_app(
         poisoned = bool(config_value(conf, "poison", bool, what=what))
         if poisoned and node.poison is None:
             raise FlowerError(f"{what}: asks for poisoned training, but attack {node.cfg.attack.name!r} poisons no data")
-        choice = noise_seed or context.run_config.get("fedsafe-noise-seed")
+        choice = noise_seed or context.run_config.get("fedsafe-noise-seed") or None  # "": the experiment's choice
         if choice is not None and choice not in NOISE_SEEDS:
             raise FlowerError(f"run config fedsafe-noise-seed = {choice!r}: valid: {', '.join(NOISE_SEEDS)}")
         source = noise_source(choice, node.cfg)
@@ -223,7 +229,7 @@ def client_app(
 
     @app.query("fedsafe_secagg")
     def secagg(msg: Message, context: Any) -> Message:
-        from fedsafe.flower.secagg import client_stage
+        from fedsafe.flower.party import client_stage  # no torch, no server protocol: a process per stage
 
         pid, _ = partition(context)
         conf = client_stage(msg.content[CONF], context.state, pid, _STATE, _VECTOR)

@@ -3,15 +3,20 @@
 Every message carries records only: arrays (``ArrayRecord``, numpy), numbers and strings
 (``ConfigRecord``, ``MetricRecord``), and the secure-aggregation parties' wire bytes. Nothing is
 pickled: the experiment travels as its TOML text and is validated again on the node.
+
+Importing this module imports no torch (torch is imported where a tensor is made): a deployed
+SuperNode starts a fresh ClientApp process for every message, and the secure-aggregation
+stages' processes need no torch at all.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-from torch import Tensor
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 # Message types (Flower routes "<category>.<action>" to the ClientApp function registered for it).
 HELLO = "query.fedsafe_hello"  # which fedsafe client does this node hold?
@@ -36,7 +41,7 @@ def to_array(x: Tensor | np.ndarray) -> Any:
     """A tensor as a Flower ``Array`` (numpy, row-major)."""
     from flwr.app import Array
 
-    a = x.detach().cpu().numpy() if isinstance(x, Tensor) else np.asarray(x)
+    a = x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)  # a tensor, or array-like
     return Array(np.ascontiguousarray(a))
 
 
@@ -54,6 +59,8 @@ def array_record(**arrays: Tensor | np.ndarray | None) -> Any:
 def read_tensor(record: Any, key: str, *, what: str, shape: tuple[int, ...] | None = None) -> Tensor:
     """Array ``key`` of an ``ArrayRecord`` as a float tensor, checked: a finite-or-not float array of
     ``shape`` (when given). A malformed array raises :class:`FlowerError` naming ``what``."""
+    import torch
+
     if key not in record:
         raise FlowerError(f"{what}: no array {key!r}")
     a = record[key].numpy()
@@ -78,6 +85,8 @@ def flatten_arrays(record: Any) -> tuple[Tensor, list[tuple[str, tuple[int, ...]
     """The floating-point arrays of an ``ArrayRecord`` (a model) as one flat float tensor, and
     the layout ``[(key, shape, dtype)]`` of every array (float or not) in record order. The flat
     dtype is float64 if any array is, else float32."""
+    import torch
+
     layout, parts = [], []
     for key, arr in record.items():
         a = arr.numpy()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import math
 from collections.abc import Callable, Sequence
 
@@ -101,6 +103,79 @@ def _lenet(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> 
     return LeNet(c, num_classes, act=cfg.activation, norm=cfg.norm, groups=cfg.groups)
 
 
+BUILTIN_MODELS = frozenset(MODELS.names())  # registered above; your own: register_model
+
+
+def register_model(name: str, builder: Builder | None = None, *, replace: bool = False):
+    """Register your model under ``name`` (decorator, or called with ``builder``), so that
+    ``model.name = "name"`` builds it, from TOML too: ``builder(cfg, input_shape, num_classes)``
+    (``cfg`` the :class:`ModelConfig`) returns a ``torch.nn.Module`` that outputs logits.
+    Registration lives in the process that made it: where the model is also built elsewhere
+    (Ray workers, Flower SuperNodes) name it as ``"package.module:Factory"`` instead, which
+    any process imports by itself. ``replace``: overwrite your earlier registration of ``name``
+    (re-running a notebook cell); the built-in models cannot be replaced."""
+
+    def deco(builder: Builder) -> Builder:
+        if not isinstance(name, str) or not name or ":" in name:
+            raise ValueError(f"register_model: name must be a non-empty string without ':', got {name!r}")
+        _check_factory(builder, f"register_model({name!r})")
+        if name in MODELS:
+            if name in BUILTIN_MODELS:
+                raise ValueError(f"model {name!r} is built in; register yours under another name")
+            if not replace:
+                raise ValueError(f"model {name!r} is already registered; pass replace=True to overwrite it")
+            MODELS.unregister(name)
+        MODELS.register(name)(builder)
+        return builder
+
+    return deco if builder is None else deco(builder)
+
+
+def _check_factory(builder: object, what: str) -> None:
+    if not callable(builder):
+        raise TypeError(f"{what}: expected a factory (cfg, input_shape, num_classes) -> nn.Module, "
+                        f"got {type(builder).__name__}")
+    try:
+        inspect.signature(builder).bind(None, (), 1)
+    except TypeError:
+        raise TypeError(f"{what}: the factory must take (cfg, input_shape, num_classes)") from None
+    except ValueError:  # no signature to read (a builtin): called as it is
+        pass
+
+
+def model_builder(name: str) -> Builder:
+    """The factory ``model.name = name`` builds with: a built-in or registered model
+    (:data:`MODELS`), or ``"package.module:Factory"``, imported by module path. A ValueError
+    names ``model.name`` and what is wrong."""
+    if ":" not in name:
+        if name in MODELS:
+            return MODELS.entry(name).impl
+        raise ValueError(
+            f"model.name = {name!r}: no such model; built in or registered: {', '.join(MODELS.names())} "
+            "(fedsafe.register_model), or your own factory as 'package.module:Factory'"
+        )
+    module_name, _, attr = name.partition(":")
+    if not module_name or not attr or ":" in attr:
+        raise ValueError(f"model.name = {name!r}: write your factory as 'package.module:Factory'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(
+            f"model.name = {name!r}: cannot import module {module_name!r} ({type(e).__name__}: {e}); it must be "
+            "importable wherever the model is built (installed, or on sys.path)"
+        ) from None
+    factory: object = module
+    for part in attr.split("."):
+        if not hasattr(factory, part):
+            raise ValueError(f"model.name = {name!r}: module {module_name!r} has no attribute {attr!r}")
+        factory = getattr(factory, part)
+    try:
+        _check_factory(factory, f"model.name = {name!r}")
+    except TypeError as e:
+        raise ValueError(str(e)) from None
+    return factory  # type: ignore[return-value]
+
+
 def build_model(
     cfg: ModelConfig,
     input_shape: Sequence[int],
@@ -114,21 +189,41 @@ def build_model(
     :func:`init_parameters` from ``generator`` (default: a generator seeded with
     ``DEFAULT_INIT_SEED``), never from torch's global RNG, which this function leaves
     untouched: the same arguments always give the same parameters.
+
+    Your own model (registered, or ``"package.module:Factory"``) is built by its factory under
+    a copy of torch's RNG seeded from ``generator``'s seed, checked as
+    :func:`fedsafe.models.check_model` checks a module, and its parameters drawn again by
+    :func:`fedsafe.models.seed_parameters` from ``generator`` (exactly what
+    ``fedsafe.Experiment(model=factory(cfg, input_shape, num_classes))`` trains); a model with
+    a part that cannot be initialised (:func:`fedsafe.models.uninitialisable`) keeps the
+    factory's weights, drawn under that seeded RNG.
     """
     shape = tuple(int(s) for s in input_shape)
     if not shape or any(s < 1 for s in shape):
         raise ValueError(f"input_shape must be non-empty with positive sizes, got {shape}")
     if num_classes < 1:
         raise ValueError(f"num_classes must be >= 1, got {num_classes}")
-    builder = MODELS.entry(cfg.name).impl
-    # Built on the meta device so torch's default initialisation draws nothing from the
-    # global RNG; init_parameters then fills every parameter from our own generator.
-    with torch.device("meta"):
-        model = builder(cfg, shape, num_classes)
-    model = model.to_empty(device="cpu")
+    builder = model_builder(cfg.name)
     if generator is None:
         generator = torch.Generator().manual_seed(DEFAULT_INIT_SEED)
-    init_parameters(model, generator)
+    # torch's default initialisation draws from a forked global RNG, restored afterwards: the
+    # global RNG is left as it was (and no meta-device build, whose to_empty costs a second of
+    # imports in every fresh process, e.g. each Flower ClientApp).
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(generator.initial_seed())
+        model = builder(cfg, shape, num_classes)
+    if cfg.name in BUILTIN_MODELS:
+        init_parameters(model, generator)
+        return model
+    from fedsafe.models.custom import ModelError, check_model
+    from fedsafe.models.initialization import seed_parameters, uninitialisable
+
+    try:
+        model = check_model(model, shape, num_classes)
+    except ModelError as e:
+        raise ValueError(f"model.name = {cfg.name!r}: {e}") from None
+    if not uninitialisable(model):
+        seed_parameters(model, generator)
     return model
 
 
