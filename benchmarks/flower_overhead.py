@@ -32,7 +32,7 @@ process:
   each, and ``x_flower`` is fedsafe's seconds per round over the anchor's. Round times are the
   server's: fedsafe's metrics rows, the anchor's time between the ends of its server-side
   evaluations. ``--task-poll`` sets ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` on every process
-  (Flower's default is 1 s; 0.1 here, as in the tests and the README).
+  (Flower's default is 1 s; 0.25 here, as in the tests and the README).
 
 Every in-process variant writes the engine's run directory; seconds per round are the metrics rows'
 ``seconds`` (the server's wall time for the round, evaluation included), median over the rounds
@@ -49,7 +49,7 @@ discovery included) and that less the rounds (``setup_s``). Ratios (``x_engine``
     python benchmarks/flower_overhead.py [--n 4 8] [--rounds 4] [--repeats 3] [--protocols plain secagg]
         [--threads 1] [--out benchmarks/results/flower_overhead.json] [--quick] [--simulation]
         [--no-simulation] [--deployment | --no-deployment] [--deploy-n 3] [--deploy-rounds 4]
-        [--deploy-repeats 2] [--task-poll 0.1]
+        [--deploy-repeats 2] [--task-poll 0.25]
 
 ``--threads`` defaults to 1: Flower's simulation runs each ClientApp in a Ray actor with one
 torch thread, and on a shared 2-core machine two OpenMP threads per op stall for tens of
@@ -91,7 +91,7 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--deploy-rounds", type=int, default=None, help="rounds per deployed run (default 4; --quick 2)")
     p.add_argument("--deploy-repeats", type=int, default=None,
                    help="runs of each deployed variant, alternating (default 2; --quick 1)")
-    p.add_argument("--task-poll", type=float, default=0.1,
+    p.add_argument("--task-poll", type=float, default=0.25,
                    help="FLWR_SUPEREXEC_TASK_POLL_INTERVAL of the deployment's processes (Flower's default: 1)")
     p.add_argument("--deploy-limit", type=float, default=900.0, help="seconds one deployed run may take")
     a = p.parse_args()

@@ -40,7 +40,7 @@ def _free_ports(n: int) -> list[int]:
 
 
 class Deployment:
-    def __init__(self, workdir: Path, num_nodes: int, *, task_poll: float | None = 0.1, simulation: bool = False) -> None:
+    def __init__(self, workdir: Path, num_nodes: int, *, task_poll: float | None = 0.25, simulation: bool = False) -> None:
         self.dir = Path(workdir)
         self.home = self.dir / "flwr_home"
         self.home.mkdir(parents=True, exist_ok=True)

@@ -120,7 +120,11 @@ class Nodes:
         return {c: content[CONF] for c, content in self.send(message_type, sent, group=group).items()}
 
 
-POLL_SECONDS = 0.1  # how often the ServerApp asks the SuperLink for replies (Flower's own Grid: every 3 s)
+# How often the ServerApp asks the SuperLink for replies (Flower's own Grid: every 3 s): every
+# POLL_SECONDS after a reply came in, backing off to POLL_MAX_SECONDS while none does (each pull
+# is a request the SuperLink answers: a tight loop would cost CPU while the nodes compute).
+POLL_SECONDS = 0.05
+POLL_MAX_SECONDS = 0.5
 
 
 def _replies(grid: Any, msgs: dict[int, Any], timeout: float, poll: float = POLL_SECONDS) -> dict[int, Any]:
@@ -129,7 +133,8 @@ def _replies(grid: Any, msgs: dict[int, Any], timeout: float, poll: float = POLL
     pushes it): an error reply for an offline node comes from the SuperLink, not the node.
 
     A Flower ``Grid`` is driven through its ``push_messages`` and ``pull_messages``, pulling
-    every ``poll`` seconds until every reply is in or ``timeout`` has passed: Flower's own
+    ``poll`` seconds after the last reply came in, and then at intervals doubling up to
+    :data:`POLL_MAX_SECONDS`, until every reply is in or ``timeout`` has passed: Flower's own
     ``send_and_receive`` sleeps 3 s between pulls, which a deployed round (one exchange for
     plain aggregation, five under secure aggregation) would pay at every exchange. Any other
     object with ``send_and_receive`` (the tests' in-process grids) is called as it is."""
@@ -158,18 +163,21 @@ def _pushes(grid: Any) -> bool:
 
 
 def _push_and_pull(grid: Any, messages: list[Any], timeout: float, poll: float) -> list[Any]:
-    """``grid.send_and_receive(messages, timeout=timeout)``, pulling every ``poll`` seconds."""
+    """``grid.send_and_receive(messages, timeout=timeout)``, pulling ``poll`` seconds after a
+    reply and backing off (doubling, up to :data:`POLL_MAX_SECONDS`) while none comes."""
     waiting = {i for i in grid.push_messages(messages) if i}  # a message that could not be pushed: no id
     deadline = time.monotonic() + timeout
     out: list[Any] = []
+    wait = poll
     while waiting:
         got = list(grid.pull_messages(list(waiting)))
         out.extend(got)
         waiting.difference_update(m.metadata.reply_to_message_id for m in got)
+        wait = poll if got else min(2 * wait, max(poll, POLL_MAX_SECONDS))
         left = deadline - time.monotonic()
         if not waiting or left <= 0:
             break
-        time.sleep(min(poll, left))
+        time.sleep(min(wait, left))
     return out
 
 
