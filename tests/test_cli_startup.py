@@ -30,7 +30,9 @@ COMMANDS = [
     ["--help"], ["run", "--help"], ["check", "--help"], ["sweep", "--help"], ["report", "--help"], ["list", "--help"],
     ["privacy", "--help"], ["privacy", "epsilon", "--help"], ["privacy", "spectrum", "--help"],
     ["audit", "--help"], ["audit", "gaussian", "--help"],
-    *[["list", kind] for kind in catalog.SOURCES],  # every KIND but keys (see catalog's docstring)
+    ["flower", "--help"], ["flower", "run", "--help"],
+    *[["list", kind] for kind in catalog.SOURCES],  # every KIND read off the source
+    ["list", "keys"],  # the config's models: fedsafe.config imports no torch
 ]
 
 
@@ -42,6 +44,7 @@ def test_help_and_list_import_no_torch():
     assert len(lines) == len(COMMANDS), r.stderr
     assert [line for line in lines if "torch" in line.split(" -> ")[1]] == [], r.stderr
     assert "bulyan" in r.stdout and "alie" in r.stdout and "dirichlet" in r.stdout  # the listings were printed
+    assert "dp.noise_multiplier" in r.stdout
 
 
 COMPARE = textwrap.dedent("""

@@ -345,6 +345,32 @@ def sweep(
         _fail(FedsafeError(describe_os_error(e, f"--out {out_dir}: cannot write")))
 
 
+flower_app = typer.Typer(no_args_is_help=True, help="Flower deployments (fedsafe.flower).")
+app.add_typer(flower_app, name="flower")
+
+
+@flower_app.command("run")
+def flower_run(
+    app_dir: Annotated[str, typer.Argument(metavar="APP", help="the Flower app's directory (e.g. examples/flower_app)")],
+    superlink: Annotated[Optional[str], typer.Argument(metavar="[SUPERLINK]", help="a connection in $FLWR_HOME/config.toml (default: its default)")] = None,
+    run_config: Annotated[list[str], typer.Option("--run-config", "-c", help="as flwr run's (repeatable), e.g. 'fedsafe-set=\"rounds=3\"'")] = [],  # noqa: B006
+    federation_config: Annotated[list[str], typer.Option("--federation-config", help="as flwr run's (repeatable)")] = [],  # noqa: B006
+    every: Annotated[float, typer.Option("--every", help="seconds between status checks")] = 2.0,
+    timeout: Annotated[Optional[float], typer.Option("--timeout", help="stop following after this many seconds (the run goes on); exit status 1")] = None,
+) -> None:
+    """Submit a Flower app with flwr run, stream its log (fedsafe's ServerApp prints a line per
+    round) and exit with its outcome: 0 when it completes, 1 when it fails or stops, 2 when it
+    cannot be submitted."""
+    from fedsafe.flower.submit import SubmitError, submit_and_follow
+
+    try:
+        code = submit_and_follow(app_dir, superlink, run_config=run_config, federation_config=federation_config,
+                                 every=every, timeout=timeout)
+    except SubmitError as e:
+        _fail(FedsafeError(str(e)))
+    raise typer.Exit(code)
+
+
 privacy_app = typer.Typer(no_args_is_help=True, help="Differential-privacy accounting (dp-accounting).")
 app.add_typer(privacy_app, name="privacy")
 

@@ -46,9 +46,6 @@ from fedsafe.privacy.he.config import HEConfig
 from fedsafe.privacy.inherent.config import InherentConfig
 from fedsafe.privacy.secagg.config import SecAggConfig
 from fedsafe.privacy.tee.config import TEEConfig
-from fedsafe.robust.aggregators import AGGREGATORS
-from fedsafe.robust.attacks import ATTACKS
-from fedsafe.robust.preaggregators import PREAGGREGATORS
 from fedsafe.zo.config import ZOConfig
 
 
@@ -179,6 +176,9 @@ class RobustConfig(Strict):
 
     @model_validator(mode="after")
     def _registered(self) -> RobustConfig:
+        from fedsafe.robust.aggregators import AGGREGATORS  # torch: with the first validation, not the import
+        from fedsafe.robust.preaggregators import PREAGGREGATORS
+
         problems = []
         try:
             AGGREGATORS.check_params(self.rule, self.params, where="robust.params")
@@ -207,6 +207,8 @@ class AttackConfig(Strict):
 
     @model_validator(mode="after")
     def _registered(self) -> AttackConfig:
+        from fedsafe.robust.attacks import ATTACKS
+
         try:
             ATTACKS.check_params(self.name, self.params, where="attack.params")
         except ParamValueError as e:  # names its full key

@@ -34,13 +34,29 @@ class Command:
         """The value of ``--name value`` (None if absent)."""
         return next((self.argv[i + 1] for i, a in enumerate(self.argv[:-1]) if a == name), None)
 
+    @property
+    def follows(self) -> bool:
+        """``fedsafe flower run`` (waits for the run; its exit status is the outcome), not ``flwr run``."""
+        return self.argv[:3] == ["fedsafe", "flower", "run"]
+
+    @property
+    def positional(self) -> list[str]:
+        """APP and SUPERLINK of a run command (``flwr run`` or ``fedsafe flower run``)."""
+        rest = self.argv[3:] if self.follows else self.argv[2:]
+        out = []
+        for a in rest:
+            if a.startswith("-"):
+                break
+            out.append(a)
+        return out
+
 
 @dataclass
 class FlowerCommands:
     superlink: Command
     supernode: Command
-    runs: list[Command]  # flwr run ...
-    after: list[Command]  # fedsafe ... (on the server, after the runs)
+    runs: list[Command]  # flwr run ... or fedsafe flower run ...
+    after: list[Command]  # other fedsafe commands (on the server, after the runs)
     connection: str  # the [superlink.<name>] TOML
     num_nodes: int  # num-partitions: one SuperNode per client
     port: int  # the SuperLink's port, as the README has it
@@ -87,10 +103,11 @@ def flower_commands(text: str) -> FlowerCommands:
     cmds = [c for b in blocks(sec, "bash") for c in commands(b) if c.argv[0] in TOOLS]
     links = [c for c in cmds if c.argv[0] == "flower-superlink"]
     nodes = [c for c in cmds if c.argv[0] == "flower-supernode"]
-    runs = [c for c in cmds if c.argv[:2] == ["flwr", "run"]]
-    after = [c for c in cmds if c.argv[0] == "fedsafe"]
+    runs = [c for c in cmds if c.argv[:2] == ["flwr", "run"] or c.follows]
+    after = [c for c in cmds if c.argv[0] == "fedsafe" and not c.follows]
     assert len(links) == 1 and len(nodes) == 1 and runs, (
         f"the README's {SECTION!r} section needs one flower-superlink, one flower-supernode and a flwr run "
+        f"or fedsafe flower run "
         f"command in ```bash blocks; found {[' '.join(c.argv[:2]) for c in cmds]}"
     )
     conns = [b for b in blocks(sec, "toml") if "[superlink." in b]
@@ -105,8 +122,8 @@ def flower_commands(text: str) -> FlowerCommands:
         f"the connection's address {address and address.group(1)!r} is not the SuperLink's port {port}"
     )
     for run in runs:
-        name = run.argv[3] if len(run.argv) > 3 and not run.argv[3].startswith("-") else None
-        assert name and f"[superlink.{name}]" in conns[0], f"flwr run uses connection {name!r}, not the README's"
+        name = run.positional[1] if len(run.positional) > 1 else None
+        assert name and f"[superlink.{name}]" in conns[0], f"{' '.join(run.argv[:3])} uses connection {name!r}, not the README's"
     config = dict(kv.split("=", 1) for kv in shlex.split(nodes[0].option("--node-config") or ""))
     return FlowerCommands(links[0], nodes[0], runs, after, conns[0], int(config["num-partitions"]), port)
 
@@ -116,7 +133,7 @@ def run_config(cmd: Command) -> tuple[Path, dict]:
     (the app's defaults, fused with ``--run-config`` exactly as Flower fuses them)."""
     from flwr.common.config import flatten_dict, fuse_dicts, get_project_config, parse_config_args
 
-    app = REPO / cmd.argv[2]  # flwr run is run from the repository
+    app = REPO / cmd.positional[0]  # the run command is run from the repository
     overrides = [v for a, v in zip(cmd.argv, cmd.argv[1:]) if a in ("--run-config", "-c")]
     defaults = flatten_dict(get_project_config(app)["tool"]["flwr"]["app"]["config"])
     return app, fuse_dicts(defaults, parse_config_args(overrides))

@@ -20,7 +20,7 @@ from fedsafe.config import load
 from fedsafe.engine.run import run_experiment
 
 from . import readme
-from .deployment import Deployment
+from .deployment import CONNECTION, Deployment
 
 REPO = Path(__file__).resolve().parents[2]
 APP = REPO / "examples" / "flower_app"
@@ -67,20 +67,30 @@ def test_readme_deployment_then_robust_and_secure_aggregation_with_a_node_killed
     try:
         dep.start(superlink=link, supernodes=nodes)
 
-        # The README's commands, as written: flwr run from the repository, fedsafe on the server.
+        # The README's commands, as written: the runs from the repository, fedsafe on the server.
         for cmd in cmds.runs:
-            r = dep.cli(cmd.argv, cwd=REPO)
+            r = dep.cli(cmd.argv, cwd=REPO, timeout=LIMIT)
             assert r.returncode == 0, f"{' '.join(cmd.argv)}:\n{r.stdout}\n{r.stderr}"
-            run_id = int(re.search(r"started run (\d+)", r.stdout).group(1))
-            status = dep.wait(run_id, LIMIT)
-            assert status == "finished:completed", f"{' '.join(cmd.argv)}: {status}\n{dep.log('superlink')[-3000:]}"
             rc = readme.run_config(cmd)[1]
             rounds = _rows(dep.dir / rc["fedsafe-out"] / "metrics.jsonl")
+            if cmd.follows:  # fedsafe flower run: it returned when the run completed, its rounds streamed
+                assert f"round {len(rounds)}/{len(rounds)}" in r.stdout and "finished:completed" in r.stderr, r.stdout
+            else:
+                run_id = int(re.search(r"started run (\d+)", r.stdout).group(1))
+                status = dep.wait(run_id, LIMIT)
+                assert status == "finished:completed", f"{' '.join(cmd.argv)}: {status}\n{dep.log('superlink')[-3000:]}"
+                rounds = _rows(dep.dir / rc["fedsafe-out"] / "metrics.jsonl")
             assert rounds and not any("skipped" in r for r in rounds), rounds
             measured += rounds
         for cmd in cmds.after:
             r = dep.cli(cmd.argv, cwd=dep.dir)
             assert r.returncode == 0, f"{' '.join(cmd.argv)}:\n{r.stdout}\n{r.stderr}"
+
+        # A run the ServerApp refuses: flwr run would return 0; fedsafe flower run exits 1 and shows why.
+        r = dep.cli(["fedsafe", "flower", "run", str(APP), CONNECTION, "--run-config", 'fedsafe-set="robust.rule=krum"',
+                     "--every", "1"], cwd=REPO, timeout=LIMIT)
+        assert r.returncode == 1 and "krum requires n >= 2f + 3" in r.stdout, f"{r.stdout}\n{r.stderr}"
+        assert "finished:failed" in r.stderr
 
         # Robust aggregation against the engine, and secure aggregation losing a node.
         timeout = exchange_timeout(measured)

@@ -29,7 +29,7 @@ def configure(cmd: readme.Command, num_nodes: int) -> None:
 
 def test_readme_flwr_runs_configure_experiments_the_shipped_app_can_run() -> None:
     cmds = readme.flower_commands(readme.README.read_text())
-    assert cmds.runs[0].argv[2] == "examples/flower_app"
+    assert cmds.runs[0].positional[0] == "examples/flower_app"
     for cmd in cmds.runs:
         configure(cmd, cmds.num_nodes)
 
@@ -74,6 +74,14 @@ def test_readme_parser_reads_exports_prefixes_continuations_and_quotes() -> None
     assert nodes[3][3:9] == ["127.0.0.1:4000", "--port", "4004", "--node-config", "partition-id=3 num-partitions=4",
                              "--host"]
     assert 'address = "127.0.0.1:4000"' in conn
+
+
+def test_readme_parser_reads_fedsafe_flower_run_as_a_run() -> None:
+    shell = SHELL.replace("flwr run examples/flower_app conn", "fedsafe flower run examples/flower_app conn --every 1")
+    cmds = readme.flower_commands(_readme(shell))
+    assert cmds.runs[0].follows and cmds.runs[0].positional == ["examples/flower_app", "conn"]
+    assert [c.argv for c in cmds.after] == [["fedsafe", "report", "runs/x"]]
+    assert readme.run_config(cmds.runs[0])[1]["fedsafe-out"] == "runs/x"
 
 
 @pytest.mark.parametrize(("shell", "toml", "match"), [

@@ -23,12 +23,14 @@ and the engine needs no change.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from torch import Tensor
 
 from fedsafe.core.registry import Registry
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 ZEROTH_ORDER = "zeroth_order"
 

@@ -15,14 +15,15 @@ load only when chosen); a new protocol registers its factory with
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from typing import Protocol as TypingProtocol
-
-import torch
 
 from fedsafe.core.errors import ProtocolError
 from fedsafe.core.registry import Registry
 from fedsafe.core.types import Aggregate, Message, RoundContext, client_ids, stack_messages
+
+if TYPE_CHECKING:
+    import torch
 
 
 class SecureProtocol(TypingProtocol):
@@ -47,6 +48,8 @@ def finite_rows(updates: torch.Tensor) -> torch.Tensor:
     rows whose sum is not finite — a non-finite entry, or finite entries whose sum overflows —
     are looked at again, with max and min (NaN propagates through both, ±Inf is one of them).
     """
+    import torch
+
     ok = torch.isfinite(updates.sum(dim=1))
     if not bool(ok.all()):
         bad = (~ok).nonzero().flatten()

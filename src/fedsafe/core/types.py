@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-import torch
-from torch import Tensor
+if TYPE_CHECKING:  # torch loads with the first round, not with the config (fast --help, list)
+    from torch import Tensor
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,8 @@ class Messages(Sequence[Message]):
                 np.ones(len(self)) if self.weights is None else self.weights,
                 np.ones(len(o)) if o.weights is None else o.weights,
             ])
+        import torch
+
         return Messages(np.concatenate([self.ids, o.ids]), torch.cat([self.matrix, o.matrix.to(self.matrix.dtype)]), weights)
 
     def __repr__(self) -> str:
@@ -120,14 +123,18 @@ def stack_messages(messages: Sequence[Message]) -> Tensor:
     dims = {m.vector.shape for m in messages}
     if len(dims) != 1:
         raise ValueError(f"messages have different shapes: {sorted(map(tuple, dims))}")
+    import torch
+
     return torch.stack([m.vector for m in messages])
 
 
 def vector_problem(v: object, dim: int) -> str | None:
     """Why ``v`` (e.g. an optimizer buffer read from a checkpoint) is not a finite float vector
     of ``dim`` entries, or None when it is."""
-    if not isinstance(v, Tensor) or not v.is_floating_point() or tuple(v.shape) != (dim,):
-        shape = tuple(v.shape) if isinstance(v, Tensor) else type(v).__name__
+    import torch
+
+    if not isinstance(v, torch.Tensor) or not v.is_floating_point() or tuple(v.shape) != (dim,):
+        shape = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
         return f"expected a float vector of {dim} entries, got {shape}"
     if not bool(torch.isfinite(v).all()):
         return "holds NaN or infinite values"

@@ -143,16 +143,19 @@ def load_run_config(out_dir: Path) -> ExperimentConfig:
 # --- progress ------------------------------------------------------------------------------
 
 
-class _Lines:
-    """Progress as plain lines on a stream that is not a terminal: one per evaluation, flushed."""
+class ProgressLines:
+    """Progress as plain lines on a stream that is not a terminal, flushed: one per evaluation
+    and the last round, or one per round with ``every_round`` (fedsafe's Flower ServerApp, whose
+    rounds take seconds and whose stdout is the run's log)."""
 
-    def __init__(self, stream: Any) -> None:
+    def __init__(self, stream: Any, *, every_round: bool = False) -> None:
         self.stream = stream
+        self.every_round = every_round
         self.t0 = time.perf_counter()
 
     def __call__(self, name: str, total_rounds: int, row: dict[str, Any]) -> None:
         acc = row.get("test_accuracy")
-        if acc is None and row["round"] != total_rounds:
+        if acc is None and row["round"] != total_rounds and not self.every_round:
             return
         parts = [f"{name} round {row['round']}/{total_rounds}"]
         if acc is not None:
@@ -379,7 +382,7 @@ def _run_jobs(
             summaries[job.name] = json.loads((job.out_dir / SUMMARY).read_text())
     console = console or Console(stderr=True)
     total = sum(j.cfg.rounds - (f.state.round if f else j.cfg.rounds) for j, f in feds)
-    lines = None if quiet or console.is_terminal else _Lines(console.file if console.file is not None else sys.stderr)
+    lines = None if quiet or console.is_terminal else ProgressLines(console.file if console.file is not None else sys.stderr)
     with Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),

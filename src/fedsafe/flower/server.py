@@ -24,11 +24,13 @@ starts the run directory afresh).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from fedsafe.config import ConfigError, ExperimentConfig, apply_overrides, parse_override, validate
+from fedsafe.core.errors import FedsafeError
 from fedsafe.flower.records import FlowerError
 
 DEFAULT_OUT = "runs/flower"
@@ -68,10 +70,13 @@ def run_over_flower(
     wait: float = 120.0,
     resume: bool = False,
     overwrite: bool = True,
+    progress: TextIO | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Run ``cfg`` (every variant) with the SuperNodes of ``grid`` as its clients; the run
-    directory ``out_dir`` is the same as ``fedsafe run``'s. Returns the summaries by job name."""
-    from fedsafe.engine.run import run_experiment
+    directory ``out_dir`` is the same as ``fedsafe run``'s. Returns the summaries by job name.
+    ``progress``: a stream for a line per round (the ServerApp's is its stdout, which Flower
+    sends to the run's log: ``flwr log``, ``fedsafe flower run``)."""
+    from fedsafe.engine.run import ProgressLines, jobs, run_experiment
     from fedsafe.flower.nodes import Nodes
 
     for name, value in (("timeout", timeout), ("wait", wait)):
@@ -83,7 +88,16 @@ def run_over_flower(
     def make(job_cfg: ExperimentConfig, job_dir: Path) -> Federation:
         return flower_federation(job_cfg, nodes, out_dir=job_dir, model=model, loss=loss)
 
-    return run_experiment(cfg, Path(out_dir), resume=resume, overwrite=overwrite and not resume, quiet=True, federation=make)
+    on_round = None
+    if progress is not None:
+        lines = ProgressLines(progress, every_round=True)
+        rounds = {job.name: job.cfg.rounds for job in jobs(cfg, Path(out_dir))}
+        on_round = lambda name, row: lines(name, rounds[name], row)  # noqa: E731
+    summaries = run_experiment(cfg, Path(out_dir), resume=resume, overwrite=overwrite and not resume, quiet=True,
+                               federation=make, on_round=on_round)
+    if progress is not None:
+        print(f"fedsafe: done; run directory {out_dir} on the ServerApp's machine", file=progress, flush=True)
+    return summaries
 
 
 def flower_federation(
@@ -157,6 +171,14 @@ def server_app(
 
     @app.main()
     def main(grid: Any, context: Any) -> None:
+        try:
+            _main(grid, context)
+        except FedsafeError as e:  # the run's log ends with the problem in a line of its own
+            for line in e.problems:
+                print(f"error: {line}", flush=True)
+            raise
+
+    def _main(grid: Any, context: Any) -> None:
         rc = context.run_config
         cfg = _config(config, rc, overrides, None if app_dir is None else Path(app_dir))
         out = Path(out_dir if out_dir is not None else str(rc.get("fedsafe-out", DEFAULT_OUT)))
@@ -166,7 +188,7 @@ def server_app(
         run_over_flower(
             cfg, grid, out, model=model, loss=loss,
             timeout=_seconds(rc, "fedsafe-timeout", 120.0), wait=_seconds(rc, "fedsafe-wait", 120.0),
-            resume=resume,
+            resume=resume, progress=sys.stdout,
         )
 
     return app

@@ -111,6 +111,15 @@ def test_target_epsilon_calibrates_noise():
     assert fed.rows[-1]["epsilon"] > 4.5
 
 
+def test_target_epsilon_is_refused_where_no_multiplier_can_meet_it():
+    # Distributed DP's headline ε is the secure-aggregation server's: it composes each client's
+    # realised rounds at the noise that reached each sum. The central calibration (amplified by
+    # sampling) understated it; fedsafe refuses rather than report a missed target.
+    with pytest.raises(ConfigError, match=r"dp.target_epsilon: not available with dp.placement = 'distributed'"):
+        cfg(**{"dp.noise_multiplier": None, "dp.target_epsilon": 5.0, "dp.placement": "distributed",
+               "protocol": "secagg"})
+
+
 def test_resume_with_dp_equals_uninterrupted(tmp_path):
     # seeded noise: only then do the redone rounds draw the same noise (a secure run draws a new
     # secret on resume: tests/privacy/dp/test_secret_noise.py)

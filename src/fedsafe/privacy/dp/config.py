@@ -22,14 +22,15 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fedsafe.core.errors import ConfigError
-from fedsafe.privacy.dp.mechanisms import (
-    adaptive_clip_split,
-    default_count_stddev,
-    distributed_noise_multiplier,
-)
-
 if TYPE_CHECKING:
     from fedsafe.privacy.dp import accounting
+
+
+def _mechanisms():
+    """The mechanisms module (torch) loads when a DP plan is made, not with the config."""
+    from fedsafe.privacy.dp import mechanisms
+
+    return mechanisms
 
 
 def _accounting():
@@ -40,6 +41,16 @@ def _accounting():
     return accounting
 
 DEFAULT_NOISE_MULTIPLIER = 1.0
+# Distributed placement's headline ε (against the secure-aggregation server) composes, per client,
+# the rounds it is sampled in at the noise that reached each sum: known only as the run goes, so no
+# multiplier can be calibrated to it beforehand (the central-DP calibration would understate it).
+DISTRIBUTED_TARGET = (
+    "dp.target_epsilon: not available with dp.placement = 'distributed': its headline epsilon (against "
+    "the secure-aggregation server, which sees who takes part) depends on which rounds each client is "
+    "sampled in and how many noise shares reach each sum, known only as the run goes; set "
+    "dp.noise_multiplier (a client in all T rounds with every share present has the epsilon of "
+    "`fedsafe privacy epsilon --z Z --rounds T --delta D --sampling none`)"
+)
 
 
 @dataclass(frozen=True)
@@ -134,7 +145,7 @@ class DPPlan:
         n = max(1, int(honest_shares))
         if n == self.noise_shares:
             return self.z
-        return _accounting().grid_floor(distributed_noise_multiplier(self.z, n, self.noise_shares))
+        return _accounting().grid_floor(_mechanisms().distributed_noise_multiplier(self.z, n, self.noise_shares))
 
     def compose_round(
         self,
@@ -285,9 +296,9 @@ class DPConfig(BaseModel):
     def _split(self, z: float, m: float) -> tuple[float, float | None]:
         if not self.adaptive:
             return z, None
-        sigma_b = self.count_stddev if self.count_stddev is not None else default_count_stddev(m)
+        sigma_b = self.count_stddev if self.count_stddev is not None else _mechanisms().default_count_stddev(m)
         try:
-            return adaptive_clip_split(z, sigma_b), sigma_b
+            return _mechanisms().adaptive_clip_split(z, sigma_b), sigma_b
         except ValueError as err:
             default = "" if self.count_stddev is not None else f" (default expected_clients/20 = {m:g}/20)"
             raise ValueError(f"dp.count_stddev{default}: {err}") from None
@@ -307,6 +318,8 @@ class DPConfig(BaseModel):
         if not self.enabled:
             return
         _accounting()._check_count("rounds", rounds, 1)
+        if self.target_epsilon is not None and self.placement == "distributed":
+            raise ValueError(DISTRIBUTED_TARGET)
         s, rel = self._where(sampling)
         record = _accounting().make_round_record(1.0, q, s, num_clients if s == "fixed" else None, sample_size)
         try:
@@ -331,6 +344,8 @@ class DPConfig(BaseModel):
         are cached per process."""
         if self.target_epsilon is None:
             return DEFAULT_NOISE_MULTIPLIER if self.noise_multiplier is None else float(self.noise_multiplier)
+        if self.placement == "distributed":
+            raise ValueError(DISTRIBUTED_TARGET)
         s, rel = self._where(sampling)
         try:
             return _calibrate(

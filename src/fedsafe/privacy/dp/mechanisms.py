@@ -34,8 +34,10 @@ Noise placements (who adds ξ; the accounting is in ``fedsafe.privacy.dp.account
   shares are in the sum — fewer under Poisson sampling or dropouts, more in a large sample;
   Byzantine messages and canaries carry none — the noise variance is (n/n_s)(zC)², an
   effective multiplier z·√(n/n_s) (:func:`distributed_noise_multiplier`). The engine accounts
-  every round with that multiplier (``DPPlan.round_multiplier``, ``Aggregate.included``), so
-  the reported ε holds for the noise actually present. To keep a floor on the noise instead,
+  every round with that multiplier (``DPPlan.round_multiplier``, ``Aggregate.included``), against
+  each of two observers (``accounting.DistributedAccountant``): the secure-aggregation server,
+  which sees who took part (no amplification; the headline ε), and an outsider who sees the
+  released model (amplified, but the count of shares is revealed). To keep a floor on the noise instead,
   pass the minimum number of contributions the protocol accepts (the secure-aggregation
   threshold) as ``n_expected``: the sum then carries at least (zC)².
 
