@@ -3,6 +3,12 @@
 The command line prints ``error: <line>`` for each problem and exits with status 2, never a
 traceback. Every line names where the problem is (a config key, a file, a command-line
 option) and, where it can, what would be valid.
+
+One hierarchy: every error fedsafe raises to refuse something (a config, a file, a round, a
+rule's (n, f), a tampered message) is a :class:`FedsafeError`, so ``except fedsafe.FedsafeError``
+catches them all; each keeps its built-in base too (most are a ``ValueError``), so code that
+catches that still works. The subsystems define their own subclasses next to the code that
+raises them (``fedsafe.data.errors``, ``fedsafe.privacy.secagg.errors``, ...).
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ class DivergedError(FedsafeError):
     with the state from before the step; lower ``server.lr`` (or ``clients.lr``)."""
 
 
-class RequirementError(ValueError):
+class RequirementError(FedsafeError, ValueError):
     """A robust rule's requirement on (n, f) does not hold for this round's participants.
 
     Under Poisson sampling the number of participants varies, so such a round is skipped (and
@@ -42,6 +48,6 @@ class RequirementError(ValueError):
     """
 
 
-class ProtocolError(ValueError):
+class ProtocolError(FedsafeError, ValueError):
     """An impossible protocol / rule combination, or a round the protocol cannot complete
     (e.g. too few secure-aggregation survivors): the round is skipped with the reason."""

@@ -22,10 +22,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from fedsafe.core.errors import FedsafeError
+
 T = TypeVar("T", bound=Callable[..., Any])
 
 
-class RegistryError(ValueError):
+class RegistryError(FedsafeError, ValueError):
     """An unknown name or parameter in a registry lookup."""
 
 

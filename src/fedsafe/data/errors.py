@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import pickle
 
+from fedsafe.core.errors import FedsafeError
 
-class DataFormatError(ValueError):
+
+class DataFormatError(FedsafeError, ValueError):
     """A dataset file is malformed: wrong magic number, dtype, shape, length or contents."""
 
 

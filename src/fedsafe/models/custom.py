@@ -30,8 +30,10 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from fedsafe.core.errors import FedsafeError
 
-class ModelError(ValueError):
+
+class ModelError(FedsafeError, ValueError):
     """A user's module that fedsafe cannot train (the message says why and what to change)."""
 
 

@@ -22,9 +22,9 @@ X25519/HKDF/AES constructions, and each had its own copy, down to the same worka
 ``cryptography`` releases. One copy means one place to review, one set of length checks and one
 error type for a failed tag. What stays with each protocol is what makes it *that* protocol:
 its labels (HKDF ``info`` strings and salts), key schedules, nonce layouts, associated data,
-message formats and the errors it reports. This module imports only the standard library and
-``cryptography``, so the enclave can measure it (``tee.attestation.ENCLAVE_MODULES``) without
-pulling in anything else.
+message formats and the errors it reports. This module imports only the standard library,
+``cryptography`` and ``fedsafe.core.errors`` (the base of its errors), so the enclave can measure it
+(``tee.attestation.ENCLAVE_MODULES``) without pulling in anything else.
 
 Conventions (all lengths in bytes):
 
@@ -68,6 +68,8 @@ from cryptography.hazmat.primitives.serialization import (
     PublicFormat,
 )
 
+from fedsafe.core.errors import FedsafeError
+
 KEY_BYTES = 32
 NONCE_BYTES = 12
 TAG_BYTES = 16
@@ -78,11 +80,11 @@ Buffer = bytes | bytearray | memoryview
 _HAS_INTO = hasattr(AESGCM, "decrypt_into") and hasattr(AESGCM, "encrypt_into")
 
 
-class IntegrityError(ValueError):
+class IntegrityError(FedsafeError, ValueError):
     """A ciphertext failed authentication (tampered, replayed, reordered, or the wrong key)."""
 
 
-class KeyAgreementError(ValueError):
+class KeyAgreementError(FedsafeError, ValueError):
     """A peer's X25519 public key cannot be used: wrong length, or of small order."""
 
 

@@ -13,12 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedsafe.core.errors import FedsafeError
 from fedsafe.engine.metrics import METRICS, SUMMARY, read_metrics, summarize
 
 CONFIG = "config.toml"
 
 
-class ReportError(ValueError):
+class ReportError(FedsafeError, ValueError):
     """A path cannot be reported on; the message names the path and what was expected."""
 
 

@@ -121,6 +121,8 @@ from dp_accounting.rdp import rdp_privacy_accountant as _rdp_impl
 from scipy import fft as sp_fft
 from scipy import optimize, special, stats
 
+from fedsafe.core.errors import FedsafeError
+
 NR = dpa.NeighboringRelation
 
 SAMPLINGS: tuple[str, ...] = ("poisson", "fixed", "none")
@@ -163,7 +165,7 @@ _Z_FLOOR = 0.125
 _Z_CEIL = 2.0**30
 
 
-class UnsupportedAccountingError(ValueError):
+class UnsupportedAccountingError(FedsafeError, ValueError):
     """A (sampling, accountant, neighbouring relation) combination dp-accounting cannot account."""
 
 
@@ -670,7 +672,7 @@ _MIXTURE_TAIL: float = 1e-17
 _MIXTURE_SHIFT: float = 2.0
 
 
-class PLDTooLargeError(ValueError):
+class PLDTooLargeError(FedsafeError, ValueError):
     """A PLD would exceed :data:`PLD_MAX_POINTS` points at the requested interval."""
 
 

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from fedsafe.core.errors import FedsafeError
 from fedsafe.privacy.he.circuit import CircuitSpec, trimmed_sum
 from fedsafe.privacy.he.encoding import DigitPlan, Quantizer
 from fedsafe.privacy.he.ops import NoiseModel
@@ -50,7 +51,7 @@ except ImportError:  # pragma: no cover - exercised only where tenseal is absent
     seal = None
 
 
-class MalformedUploadError(ValueError):
+class MalformedUploadError(FedsafeError, ValueError):
     """A node's upload cannot be used; ``client_id`` names the node."""
 
     def __init__(self, client_id: int, reason: str) -> None:

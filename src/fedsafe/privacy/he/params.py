@@ -32,6 +32,8 @@ import functools
 import math
 from dataclasses import dataclass, replace
 
+from fedsafe.core.errors import FedsafeError
+
 from fedsafe.privacy.he.circuit import (
     CircuitSpec,
     DigitStrategy,
@@ -45,7 +47,7 @@ from fedsafe.privacy.he.polynomials import btw_poly_symmetric
 from fedsafe.privacy.he.validity import CHECK_GROUP_BLOCKS, DigitCheck, make_check, trace_check, with_stage_need
 
 
-class HEParameterError(ValueError):
+class HEParameterError(FedsafeError, ValueError):
     """No BFV parameters keep 128-bit security and enough noise budget for the circuit."""
 
 

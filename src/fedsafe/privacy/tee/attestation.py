@@ -39,6 +39,7 @@ import importlib.util
 import os
 from dataclasses import dataclass
 
+from fedsafe.core.errors import FedsafeError
 from fedsafe.privacy.crypto import (
     ed25519_private_key,
     hkdf,
@@ -91,7 +92,7 @@ NONCE_BYTES = 32
 MIN_NONCE_BYTES = 16
 
 
-class AttestationError(ValueError):
+class AttestationError(FedsafeError, ValueError):
     """A quote that must not be trusted: bad signature, unexpected measurement, stale nonce."""
 
 

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedsafe.core.errors import FedsafeError
 from fedsafe.privacy.crypto import x25519_private_key
 from fedsafe.privacy.tee import rules
 from fedsafe.privacy.tee.attestation import MIN_NONCE_BYTES, SimulatedPlatform, measure
@@ -54,7 +55,7 @@ from fedsafe.privacy.tee.numerics import (
 from fedsafe.privacy.tee.wire import WireError, error_frame, pack, pack_parts, unpack
 
 
-class DecodeError(ValueError):
+class DecodeError(FedsafeError, ValueError):
     """The accelerators' results do not decode to the updates' own norms (a faulty or
     malicious accelerator, or mismatched rounds)."""
 

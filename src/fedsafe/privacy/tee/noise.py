@@ -59,6 +59,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedsafe.core.errors import FedsafeError
 from fedsafe.privacy.crypto import (
     KEY_BYTES,
     TAG_BYTES,
@@ -74,7 +75,7 @@ from fedsafe.privacy.tee.wire import WireError, pack, unpack
 _CHUNK = 1 << 20  # normals per AES-CTR call
 
 
-class NoiseError(ValueError):
+class NoiseError(FedsafeError, ValueError):
     """Noise that cannot be drawn (N > d) or a request the pool cannot serve."""
 
 

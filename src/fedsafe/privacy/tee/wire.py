@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from fedsafe.core.errors import FedsafeError
+
 MAGIC = b"FSTE"
 VERSION = 1
 _PREFIX = struct.Struct("<4sBI")
@@ -32,7 +34,7 @@ _MAX_HEADER = 1 << 20
 _DTYPES = {"<f8": np.float64, "<f4": np.float32, "<i8": np.int64, "|u1": np.uint8}
 
 
-class WireError(ValueError):
+class WireError(FedsafeError, ValueError):
     """A frame that does not follow the format (truncated, unknown type, slice out of range)."""
 
 
