@@ -367,7 +367,7 @@ def flower_run(
         code = submit_and_follow(app_dir, superlink, run_config=run_config, federation_config=federation_config,
                                  every=every, timeout=timeout)
     except SubmitError as e:
-        _fail(FedsafeError(str(e)))
+        _fail(e)
     raise typer.Exit(code)
 
 

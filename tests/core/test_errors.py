@@ -32,10 +32,7 @@ NOT_REFUSALS: dict[str, str] = {
 
 # Refusals not yet in the hierarchy because their files are being changed elsewhere: xfail
 # (strict), so this list must shrink when they join.
-PENDING: dict[str, str] = {
-    "fedsafe.flower.records.FlowerError": "flower/ is being edited by another change",
-    "fedsafe.flower.submit.SubmitError": "flower/ is being edited by another change",
-}
+PENDING: dict[str, str] = {}
 
 # The error classes `import fedsafe` exports, and the module defining each.
 EXPORTED = {

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fedsafe.core.errors import FedsafeError
+
 if TYPE_CHECKING:
     from torch import Tensor
 
@@ -33,7 +35,7 @@ PARTITION_ID = "partition-id"
 NUM_PARTITIONS = "num-partitions"
 
 
-class FlowerError(RuntimeError):
+class FlowerError(FedsafeError, RuntimeError):
     """A fedsafe run over Flower cannot go on (nodes missing, a malformed reply)."""
 
 

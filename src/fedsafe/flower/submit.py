@@ -32,10 +32,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TextIO
 
+from fedsafe.core.errors import FedsafeError
+
 COMPLETED = "finished:completed"
 
 
-class SubmitError(Exception):
+class SubmitError(FedsafeError):
     """The run could not be submitted or followed (exit status 2)."""
 
 
