@@ -2,7 +2,7 @@
 
 Claim measured: our HTS is faster per coordinate than Choffrut et al.'s (HElib BGV) on one
 core at every n for delta = 4. For each (n, delta) of the grid: plan the parameters (the
-cheapest 128-bit-secure ones, see ``fedsafe.privacy.he.params``), encrypt one block of N
+cheapest 128-bit-secure ones, see ``fedsafe.protocols.he.params``), encrypt one block of N
 coordinates per node, run HTS in one process, and, for the --parallel deltas, on ``workers``
 blocks in ``workers`` processes; report amortized ms per coordinate (and seconds per block,
 i.e. per output ciphertext), the upload in bytes per coordinate per node, and the paper's
@@ -13,7 +13,7 @@ Every run is checked bit for bit against the exact emulator and reports SEAL's m
 budget left. f = max(1, (n-1)//4) (the cost does not depend on f > 0).
 
 The digit check (``he.check_digits``, on by default: which nodes encrypted out-of-range
-digits, before HTS; ``fedsafe.privacy.he.validity``) is timed on the same uploads, one core,
+digits, before HTS; ``fedsafe.protocols.he.validity``) is timed on the same uploads, one core,
 as ``check ms/coord`` and ``check/HTS`` (its time over HTS's), with its ciphertext products per
 block over the n nodes, its depth, its download per node and its own emulator check. The
 parameters are the protocol's: planned to cover the check and HTS over the uploads left when
@@ -104,11 +104,11 @@ def _parse() -> argparse.Namespace:
 
 
 def run_one(n: int, delta: int, parallel: bool, workers: int, seed: int) -> dict[str, object]:
-    from fedsafe.privacy.he.bfv import HENode, HEServer, NodeKeyring
-    from fedsafe.privacy.he.emulator import emulate_trimmed_sum
-    from fedsafe.privacy.he.encoding import Quantizer
-    from fedsafe.privacy.he.params import band, plan_hts
-    from fedsafe.privacy.he.validity import emulate_digit_check, slot_sums
+    from fedsafe.protocols.he.bfv import HENode, HEServer, NodeKeyring
+    from fedsafe.protocols.he.emulator import emulate_trimmed_sum
+    from fedsafe.protocols.he.encoding import Quantizer
+    from fedsafe.protocols.he.params import band, plan_hts
+    from fedsafe.protocols.he.validity import emulate_digit_check, slot_sums
 
     f = max(1, (n - 1) // 4)
     lo, hi = band(n, "trimmed_mean", f)

@@ -75,9 +75,9 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from fedsafe.privacy.secagg import SecAggConfig, SecAggError, run_round  # noqa: E402
-from fedsafe.privacy.secagg.crypto import MaskExpander  # noqa: E402
-from fedsafe.privacy.secagg.pki import Enrolment  # noqa: E402
+from fedsafe.protocols.secagg import SecAggConfig, SecAggError, run_round  # noqa: E402
+from fedsafe.protocols.secagg.crypto import MaskExpander  # noqa: E402
+from fedsafe.protocols.secagg.pki import Enrolment  # noqa: E402
 
 TARGET_CLIENT_MASK_S = 0.3
 

@@ -70,7 +70,7 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 
 from fedsafe.core.types import Message, RoundContext  # noqa: E402
-from fedsafe.privacy.tee import TEEConfig, TEEProtocol  # noqa: E402
+from fedsafe.protocols.tee import TEEConfig, TEEProtocol  # noqa: E402
 from fedsafe.robust.distances import pairwise_sq_distances  # noqa: E402
 from fedsafe.robust.krum import multi_krum_select  # noqa: E402
 from fedsafe.robust.pipeline import RobustPipeline  # noqa: E402

@@ -7,8 +7,9 @@ What counts as an import of a module:
 
 - an ``import`` / ``from ... import`` statement, anywhere in the source;
 - a string naming it: ``importlib.import_module("fedsafe.x")`` (or ``import_module`` /
-  ``__import__``), ``Registry.register_lazy(name, "fedsafe.x:attr")``, and the targets of a
-  package's ``lazy_exports(__name__, {...})``;
+  ``__import__``), ``Registry.register_lazy(name, "fedsafe.x:attr")``, the targets of a
+  package's ``lazy_exports(__name__, {...})`` and the new homes a package's
+  ``moved_modules(__name__, {...})`` names (its old paths, kept for one release);
 - a name taken from a package with lazy exports: ``from fedsafe.audit import AuditPlugin`` imports
   the submodule that defines ``AuditPlugin``; ``fedsafe.Experiment`` imports ``fedsafe.api``.
 
@@ -37,6 +38,7 @@ LAYERS: dict[str, int] = {
     "fedsafe.models": 1,
     "fedsafe.robust": 1,
     "fedsafe.privacy": 2,
+    "fedsafe.protocols": 2,
     "fedsafe.audit": 2,
     "fedsafe.zo": 2,
     "fedsafe.config": 3,
@@ -63,9 +65,9 @@ LIGHT_TOP_NAMES = frozenset({"__version__"})
 # caught. These edges are left out of the package-cycle check (they point the other way by
 # design).
 ALLOWED_LAZY_REGISTRATIONS: dict[tuple[str, str], str] = {
-    ("fedsafe.core.protocol", "fedsafe.privacy.secagg.protocol"): "PROTOCOLS' built-in secagg",
-    ("fedsafe.core.protocol", "fedsafe.privacy.he.protocol"): "PROTOCOLS' built-in he",
-    ("fedsafe.core.protocol", "fedsafe.privacy.tee.protocol"): "PROTOCOLS' built-in tee",
+    ("fedsafe.core.protocol", "fedsafe.protocols.secagg.protocol"): "PROTOCOLS' built-in secagg",
+    ("fedsafe.core.protocol", "fedsafe.protocols.he.protocol"): "PROTOCOLS' built-in he",
+    ("fedsafe.core.protocol", "fedsafe.protocols.tee.protocol"): "PROTOCOLS' built-in tee",
     ("fedsafe.core.plugins", "fedsafe.privacy.dp.config"): "ROUND_PLUGINS' dp",
     ("fedsafe.core.plugins", "fedsafe.privacy.inherent.config"): "ROUND_PLUGINS' inherent",
     ("fedsafe.core.plugins", "fedsafe.audit.config"): "ROUND_PLUGINS' audit",
@@ -204,6 +206,12 @@ def find_imports(module: str, source: str, *, is_package: bool = False) -> list[
                     found.append(Import(COMPUTED, "lazy_exports", line))
                 else:
                     found += [Import(f"{owner}.{sub}", "lazy_exports", line) for sub in table.values()]
+            elif what == "moved_modules":
+                table = _exports_of(node, names)
+                if table is None:
+                    found.append(Import(COMPUTED, "moved_modules", line))
+                else:
+                    found += [Import(new, "moved_modules", line) for new in table.values()]
         elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "fedsafe":
             target = LAZY_EXPORTS.get("fedsafe", {}).get(node.attr)
             if target is not None:
@@ -462,3 +470,13 @@ def test_the_check_sees_a_package_cycle():
     assert cycles(package_edges(fake)) == [["fedsafe.audit", "fedsafe.privacy.dp"]]
     # one direction alone is no cycle
     assert cycles(package_edges({"fedsafe.privacy.dp.plugin": fake["fedsafe.privacy.dp.plugin"]})) == []
+
+
+def test_the_check_sees_moved_module_targets():
+    # a package keeping old paths for modules that moved imports their new homes
+    source = "from fedsafe.core.lazy import moved_modules\n_M = {'fed': 'fedsafe.engine.federation'}\n" \
+             "__getattr__ = moved_modules(__name__, _M)\n"
+    assert any("fedsafe.engine.federation" in b for b in _bad("fedsafe.core", source, is_package=True))
+    found = {i.target for i in IMPORTS["fedsafe.privacy"]}
+    assert {"fedsafe.protocols.secagg", "fedsafe.protocols.he", "fedsafe.protocols.tee",
+            "fedsafe.protocols.crypto"} <= found

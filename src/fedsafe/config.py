@@ -42,10 +42,10 @@ from fedsafe.core.registry import ParamValueError, RegistryError
 from fedsafe.data.config import DataConfig
 from fedsafe.models.config import ModelConfig
 from fedsafe.privacy.dp.config import DPConfig
-from fedsafe.privacy.he.config import HEConfig
 from fedsafe.privacy.inherent.config import InherentConfig
-from fedsafe.privacy.secagg.config import SecAggConfig
-from fedsafe.privacy.tee.config import TEEConfig
+from fedsafe.protocols.he.config import HEConfig
+from fedsafe.protocols.secagg.config import SecAggConfig
+from fedsafe.protocols.tee.config import TEEConfig
 from fedsafe.zo.config import ZOConfig
 
 

@@ -27,7 +27,7 @@ NOT_REFUSALS: dict[str, str] = {
     "goes into the metrics row",
     "fedsafe.catalog._Unreadable": "control flow inside fedsafe list: the source reader falls back to importing "
     "the registries",
-    "fedsafe.privacy.tee.numerics.TEEPrecisionWarning": "a warning category (warnings.warn), never raised",
+    "fedsafe.protocols.tee.numerics.TEEPrecisionWarning": "a warning category (warnings.warn), never raised",
 }
 
 # Refusals not yet in the hierarchy because their files are being changed elsewhere: xfail
@@ -119,9 +119,9 @@ def test_a_protocol_refusal_is_a_fedsafe_error():
 
 
 def test_the_discovery_finds_the_known_classes():
-    for name in ("fedsafe.core.errors.RequirementError", "fedsafe.privacy.secagg.errors.SecAggError",
+    for name in ("fedsafe.core.errors.RequirementError", "fedsafe.protocols.secagg.errors.SecAggError",
                  "fedsafe.engine.federation._Skip", "fedsafe.data.errors.UnsafePickleError",
-                 "fedsafe.privacy.he.bfv.MalformedUploadError"):
+                 "fedsafe.protocols.he.bfv.MalformedUploadError"):
         assert name in ERRORS, name
     assert sorted(set(NOT_REFUSALS) - set(ERRORS)) == []  # every exclusion names a real class
 
@@ -153,9 +153,9 @@ def test_error_classes_keep_their_builtin_bases(name):
 
 def test_messages_are_unchanged():
     from fedsafe.core.errors import ProtocolError, RequirementError
-    from fedsafe.privacy.he.bfv import MalformedUploadError
-    from fedsafe.privacy.he.protocol import HEProtocolError
-    from fedsafe.privacy.secagg.errors import SecAggError
+    from fedsafe.protocols.he.bfv import MalformedUploadError
+    from fedsafe.protocols.he.protocol import HEProtocolError
+    from fedsafe.protocols.secagg.errors import SecAggError
 
     assert str(RequirementError("median requires n > 2f, got n=2, f=1")) == "median requires n > 2f, got n=2, f=1"
     assert str(ProtocolError("two\nlines")) == "two\nlines"

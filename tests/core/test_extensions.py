@@ -132,7 +132,7 @@ def test_lazy_registrations_are_listed_without_importing_their_modules():
         "import sys; from fedsafe.core.protocol import PROTOCOLS; from fedsafe.core.plugins import ROUND_PLUGINS; "
         "from fedsafe.core.clients import CLIENT_ALGORITHMS; "
         "print(PROTOCOLS.names(), ROUND_PLUGINS.ordered(), len(CLIENT_ALGORITHMS.names()), "
-        "[m for m in ('fedsafe.privacy.secagg.protocol', 'fedsafe.privacy.tee.protocol', 'fedsafe.privacy.dp.plugin', "
+        "[m for m in ('fedsafe.protocols.secagg.protocol', 'fedsafe.protocols.tee.protocol', 'fedsafe.privacy.dp.plugin', "
         "'fedsafe.zo.algorithms', 'fedsafe.engine') if m in sys.modules])"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -164,7 +164,7 @@ def test_registry_tags_lazy_entries_and_unregister():
 
 
 def test_the_tee_reads_its_rules_from_the_registry_tags():
-    from fedsafe.privacy.tee.rules import tee_rules
+    from fedsafe.protocols.tee.rules import tee_rules
     from fedsafe.robust.aggregators import AGGREGATORS
 
     assert tee_rules() == {"bulyan": (), "cosine_filter": (), "krum": (), "multi_krum": ("m",), "norm_filter": ("factor",)}

@@ -67,9 +67,9 @@ def test_killed_worker_is_a_recorded_dropout(local_ray):
 def test_secagg_client_parties_on_ray_actors(local_ray):
     import numpy as np
 
-    from fedsafe.privacy.secagg import SecAggConfig
-    from fedsafe.privacy.secagg.ray_parties import RayClientProxy, ray_client_factory
-    from fedsafe.privacy.secagg.session import run_round, seeded_randomness
+    from fedsafe.protocols.secagg import SecAggConfig
+    from fedsafe.protocols.secagg.ray_parties import RayClientProxy, ray_client_factory
+    from fedsafe.protocols.secagg.session import run_round, seeded_randomness
 
     rng = np.random.default_rng(0)
     inputs = {c: rng.uniform(-0.5, 0.5, 40) for c in range(5)}

@@ -130,7 +130,7 @@ def test_secagg_masks_flower_folds_the_seed_to_32_bits_fedsafe_does_not() -> Non
     so a mask has at most 2^32 values. fedsafe expands the whole secret (AES-CTR keyed by it)."""
     from flwr.common.secure_aggregation.secaggplus_utils import pseudo_rand_gen
 
-    from fedsafe.privacy.secagg.crypto import expand_mask
+    from fedsafe.protocols.secagg.crypto import expand_mask
 
     a = bytes(np.random.default_rng(2).integers(0, 256, 32, dtype=np.uint8))
     flip = bytes([1, 2, 3, 4])

@@ -19,7 +19,7 @@ from fedsafe.flower import FlowerError, client_app, run_over_flower
 from fedsafe.flower.nodes import Nodes
 from fedsafe.flower.records import SECAGG, TRAIN
 from fedsafe.flower.server import flower_federation
-from fedsafe.privacy.secagg.session import run_round
+from fedsafe.protocols.secagg.session import run_round
 
 from .fakegrid import FakeGrid
 

@@ -8,7 +8,7 @@ One hierarchy: every error fedsafe raises to refuse something (a config, a file,
 rule's (n, f), a tampered message) is a :class:`FedsafeError`, so ``except fedsafe.FedsafeError``
 catches them all; each keeps its built-in base too (most are a ``ValueError``), so code that
 catches that still works. The subsystems define their own subclasses next to the code that
-raises them (``fedsafe.data.errors``, ``fedsafe.privacy.secagg.errors``, ...).
+raises them (``fedsafe.data.errors``, ``fedsafe.protocols.secagg.errors``, ...).
 """
 
 from __future__ import annotations

@@ -102,15 +102,15 @@ def plain(cfg: Any) -> PlainProtocol:
 PROTOCOLS: Registry = Registry("protocol")
 PROTOCOLS.register("plain")(plain)
 PROTOCOLS.register_lazy(
-    "secagg", "fedsafe.privacy.secagg.protocol:from_config",
+    "secagg", "fedsafe.protocols.secagg.protocol:from_config",
     "only the sum: Bonawitz et al. secure aggregation, SecAgg+ graphs, semi-honest or active server",
 )
 PROTOCOLS.register_lazy(
-    "he", "fedsafe.privacy.he.protocol:from_config",
+    "he", "fedsafe.protocols.he.protocol:from_config",
     "trimmed mean / median over BFV ciphertexts (SABLE)",
 )
 PROTOCOLS.register_lazy(
-    "tee", "fedsafe.privacy.tee.protocol:from_config",
+    "tee", "fedsafe.protocols.tee.protocol:from_config",
     "an enclave offloads encoded distance computations to untrusted accelerators (Hashemi et al.)",
 )
 

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from fedsafe.flower.records import FlowerError, config_value
-from fedsafe.privacy.secagg import crypto
-from fedsafe.privacy.secagg.wire import SERVER
+from fedsafe.protocols.secagg import crypto
+from fedsafe.protocols.secagg.wire import SERVER
 
 SECRET_BYTES = 32
 # The live client parties of this process, by (client, round, secret): where one process handles
@@ -37,8 +37,8 @@ def client_stage(conf: Any, state: Any, client_id: int, state_key: str, vector_k
     this process still holds the party from the previous stage (:data:`_PARTIES`)."""
     from flwr.app import ConfigRecord
 
-    from fedsafe.privacy.secagg.client import ClientParty
-    from fedsafe.privacy.secagg.ray_parties import RelayTransport
+    from fedsafe.protocols.secagg.client import ClientParty
+    from fedsafe.protocols.secagg.ray_parties import RelayTransport
 
     t0 = time.perf_counter()
     what = "secure-aggregation message"

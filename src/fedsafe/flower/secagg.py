@@ -27,13 +27,13 @@ from fedsafe.core.streams import numpy_stream
 from fedsafe.core.types import RoundContext
 from fedsafe.flower.party import client_stage  # noqa: F401  (the node's side, re-exported; see fedsafe.flower.party)
 from fedsafe.flower.records import CONF, SECAGG, FlowerError, config_value
-from fedsafe.privacy.secagg import crypto
-from fedsafe.privacy.secagg.errors import SecAggError
-from fedsafe.privacy.secagg.protocol import SecAggProtocol
-from fedsafe.privacy.secagg.server import ServerParty
-from fedsafe.privacy.secagg.session import RoundOutcome
-from fedsafe.privacy.secagg.transport import InMemoryTransport
-from fedsafe.privacy.secagg.wire import SERVER
+from fedsafe.protocols.secagg import crypto
+from fedsafe.protocols.secagg.errors import SecAggError
+from fedsafe.protocols.secagg.protocol import SecAggProtocol
+from fedsafe.protocols.secagg.server import ServerParty
+from fedsafe.protocols.secagg.session import RoundOutcome
+from fedsafe.protocols.secagg.transport import InMemoryTransport
+from fedsafe.protocols.secagg.wire import SERVER
 
 
 class FlowerSecAgg(SecAggProtocol):

@@ -733,7 +733,7 @@ def he_invalid_digits(honest: Tensor, *, ctx: AttackContext, fraction: float = 1
     message level: this function returns the messages the nodes encode on their other
     coordinates, the honest mean (so nothing but the digits gives them away), and the HE
     protocol, which emulates every node's encoding, replaces the Byzantine nodes' digits on
-    ``fraction`` of the coordinates (``fedsafe.privacy.he.protocol``; residues uniform outside
+    ``fraction`` of the coordinates (``fedsafe.protocols.he.protocol``; residues uniform outside
     each digit's range, from the stream ``("he.invalid_digits", round, client id)``). With
     ``he.check_digits`` (default) the homomorphic digit check excludes such nodes; without it
     one of them makes the nodes zero almost every coordinate of the round. The engine refuses

@@ -1,0 +1,66 @@
+"""``[tee]``: the settings of the enclave-encoded offload (a light module: the config imports
+it without loading the enclave, its processes or its crypto)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from fedsafe.protocols.tee.leakage import DEFAULT_NOISE_RATIO, noise_ratio_for_bits
+
+
+class TEEConfig(BaseModel):
+    """``[tee]``: the TEE offload (used when ``protocol = "tee"``).
+
+    Noise: set ``noise_ratio`` (ρ = σ²/Var, with Var = clip²/d the per-coordinate variance the
+    clipping allows) or ``target_bits`` (the per-round mutual-information bound per client and
+    accelerator; ρ = 1/(2^{2b/d} − 1)), not both. With neither, ρ = 1e6
+    (≈ 7.2e-7·d bits per round: 0.07 bits at d = 1e5).
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_assignment=True)
+
+    noise_ratio: float | None = Field(
+        None, gt=0, le=1e16, allow_inf_nan=False,
+        description="σ²/Var (default 1e6 when target_bits is unset); larger hides more and cancels more",
+    )
+    target_bits: float | None = Field(
+        None, gt=0, le=1e15, allow_inf_nan=False,
+        description="per-round mutual-information bound (bits, per client and accelerator) to meet instead",
+    )
+    clip: float = Field(
+        10.0, gt=0, le=1e15, allow_inf_nan=False,
+        description="L2 bound on updates: the enclave clips to it; Var = clip²/d in the leakage bound",
+    )
+    arithmetic: Literal["exact", "float64"] = Field(
+        "exact",
+        description="exact: fixed-point encoding + split Gram (3 GEMMs), error ≈ u·2^-β·ρ; "
+        "float64: the paper's single Gram, error ≈ u·ρ (warned above 1e-9)",
+    )
+    processes: bool = Field(True, description="enclave and accelerators in their own OS processes (spawn)")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="accelerators' device (auto: CUDA if present)")
+    accelerators: Literal["same", "ray"] = Field(
+        "same", description="same: placed like the enclave (per `processes`); ray: each on a Ray actor "
+        "(any node of a cluster)"
+    )
+    accelerator_gpus: float = Field(0.0, ge=0, description="GPUs reserved per Ray accelerator actor")
+    precompute_rounds: int = Field(0, ge=0, le=100_000, description="noise blocks drawn ahead (offline phase)")
+    sealed_dir: str | None = Field(None, description="keep precomputed noise sealed (AES-GCM) in this folder")
+    timeout_s: float = Field(600.0, gt=0, le=86_400, description="longest wait for any party's reply")
+
+    @model_validator(mode="after")
+    def _one_noise_setting(self) -> TEEConfig:
+        if self.noise_ratio is not None and self.target_bits is not None:
+            raise ValueError("set tee.noise_ratio or tee.target_bits, not both")
+        return self
+
+    def resolved_noise_ratio(self, d: int) -> float:
+        """ρ for updates of dimension ``d``."""
+        if self.target_bits is not None:
+            return noise_ratio_for_bits(d, self.target_bits)
+        return DEFAULT_NOISE_RATIO if self.noise_ratio is None else self.noise_ratio
+
+    def enclave_settings(self) -> dict[str, Any]:
+        return {"clip": self.clip, "noise_ratio": self.noise_ratio, "target_bits": self.target_bits,
+                "arithmetic": self.arithmetic, "sealed_dir": self.sealed_dir}
