@@ -15,7 +15,7 @@ three messages from fedsafe's ServerApp (:mod:`fedsafe.flower.server`):
   remove the noise — for tests only). Under secure aggregation the update stays on the node
   (``Context.state``) and only the loss goes back;
 - ``query.fedsafe_secagg``: one stage of secure aggregation. The node runs fedsafe's own
-  client party (:class:`fedsafe.privacy.secagg.client.ClientParty`) on the bytes the server
+  client party (:class:`fedsafe.protocols.secagg.client.ClientParty`) on the bytes the server
   relays. Flower starts a fresh ClientApp process for every message, so the party is rebuilt
   each stage: its randomness is a 256-bit secret drawn from the OS at the first stage and kept
   in ``Context.state``, which never leaves the SuperNode, and the messages of the earlier

@@ -1,5 +1,5 @@
 """The node's side of secure aggregation over Flower (:mod:`fedsafe.flower.secagg`): one stage of
-fedsafe's own client party (:class:`fedsafe.privacy.secagg.client.ClientParty`) on the bytes the
+fedsafe's own client party (:class:`fedsafe.protocols.secagg.client.ClientParty`) on the bytes the
 server relayed, in a ClientApp.
 
 Importing this module imports neither torch nor the server's protocol: a deployed SuperNode

@@ -1,8 +1,8 @@
 """Secure aggregation over Flower: fedsafe's own Bonawitz/SecAgg+ parties, talking through Flower
 messages instead of the in-process transport.
 
-The server party (:class:`fedsafe.privacy.secagg.server.ServerParty`) runs in the ServerApp;
-each client party (:class:`fedsafe.privacy.secagg.client.ClientParty`) runs on the SuperNode
+The server party (:class:`fedsafe.protocols.secagg.server.ServerParty`) runs in the ServerApp;
+each client party (:class:`fedsafe.protocols.secagg.client.ClientParty`) runs on the SuperNode
 that holds the client's update, which never leaves it unmasked. A stage is one Flower message
 per online client, carrying the bytes the server party addressed to it; the reply carries the
 bytes the client party sends back. A node that does not answer a stage within the timeout (its
@@ -10,7 +10,7 @@ process was killed, its network is gone) is offline from that stage on, exactly 
 in the in-process protocol: the server recovers the survivors' sum from the other clients'
 shares as long as the threshold holds, and otherwise the round is skipped.
 
-The wire bytes are those of :mod:`fedsafe.privacy.secagg.wire` (decoded and checked by each
+The wire bytes are those of :mod:`fedsafe.protocols.secagg.wire` (decoded and checked by each
 party; nothing is unpickled). Keys and masks come from the OS, on the node (see
 :mod:`fedsafe.flower.client` for how a node keeps its party across Flower's per-message
 processes; the node's side is :mod:`fedsafe.flower.party`).
