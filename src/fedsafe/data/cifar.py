@@ -14,9 +14,11 @@ resolves only the few numpy callables needed to rebuild arrays and dtypes (plus
 from __future__ import annotations
 
 import codecs
+import gzip
 import io
 import os
 import pickle
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -71,9 +73,15 @@ class RestrictedUnpickler(pickle.Unpickler):
     ``subprocess.Popen``, ...) raises :class:`UnsafePickleError` naming the global and the file.
     """
 
-    def __init__(self, file: io.BufferedIOBase, *, source: str = "<pickle>") -> None:
-        super().__init__(file, encoding="bytes")
+    def __init__(
+        self, file: io.BufferedIOBase, *, source: str = "<pickle>", encoding: str = "bytes",
+        what: str = "a CIFAR batch",
+    ) -> None:
+        # encoding: how Python 2 str objects are read ("bytes" for CIFAR's dict keys, "latin1"
+        # for numpy arrays pickled by Python 2, as mnist.pkl.gz's are)
+        super().__init__(file, encoding=encoding)
         self.source = source
+        self.what = what
 
     def find_class(self, module: str, name: str) -> Any:
         try:
@@ -81,21 +89,24 @@ class RestrictedUnpickler(pickle.Unpickler):
         except KeyError:
             allowed = ", ".join(sorted(f"{m}.{n}" for m, n in _ALLOWED))
             raise UnsafePickleError(
-                f"{self.source}: refusing to load global {module}.{name}; a CIFAR batch may only "
+                f"{self.source}: refusing to load global {module}.{name}; {self.what} may only "
                 f"reference {allowed}"
             ) from None
 
 
-def restricted_load(path: str | os.PathLike[str]) -> Any:
-    """Unpickle ``path`` with :class:`RestrictedUnpickler` (``encoding="bytes"``, as CIFAR needs)."""
+def restricted_load(
+    path: str | os.PathLike[str], *, encoding: str = "bytes", what: str = "a CIFAR batch", opener: Any = open
+) -> Any:
+    """Unpickle ``path`` with :class:`RestrictedUnpickler` (``encoding="bytes"``, as CIFAR needs;
+    ``opener``: e.g. ``gzip.open`` for a compressed pickle)."""
     name = str(path)
-    with open(path, "rb") as f:
+    with opener(path, "rb") as f:
         try:
-            return RestrictedUnpickler(f, source=name).load()
+            return RestrictedUnpickler(f, source=name, encoding=encoding, what=what).load()
         except UnsafePickleError:
             raise
         except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError,
-                IndexError, KeyError, MemoryError) as e:
+                IndexError, KeyError, MemoryError, gzip.BadGzipFile, zlib.error) as e:
             raise DataFormatError(f"{name}: not a valid pickle: {type(e).__name__}: {e}") from e
 
 

@@ -20,7 +20,7 @@ DATASETS: Registry = Registry("dataset")
 for _name, _summary in (
     ("digits", "scikit-learn's bundled handwritten digits: 1,797 images of 8x8 pixels, 10 classes (no download)"),
     ("synthetic", "synthetic(alpha, beta) of Li et al. (FedProx): one generator per client"),
-    ("mnist", "MNIST from its IDX files (optionally .gz) in data.path: 28x28 grey digits"),
+    ("mnist", "MNIST: 28x28 grey digits, from `make data` (no data.path) or IDX files / mnist.pkl.gz in data.path"),
     ("fashion_mnist", "Fashion-MNIST from its IDX files (optionally .gz) in data.path: 28x28 grey clothes"),
     ("cifar10", "CIFAR-10 from the python pickle batches in data.path: 32x32 colour images, 10 classes"),
 ):
@@ -31,6 +31,9 @@ PartitionName = Literal["iid", "dirichlet", "shards", "gamma", "natural"]
 
 #: Datasets read from files under ``data.path``.
 FILE_DATASETS: frozenset[str] = frozenset({"mnist", "fashion_mnist", "cifar10"})
+#: File datasets that need no ``data.path``: read from fedsafe's data directory, where
+#: ``make data`` / ``fedsafe data fetch`` put them (``fedsafe.data.store``).
+STORED_DATASETS: frozenset[str] = frozenset({"mnist"})
 #: Datasets whose samples are images of shape (channels, height, width).
 IMAGE_DATASETS: frozenset[str] = frozenset({"digits", "mnist", "fashion_mnist", "cifar10"})
 
@@ -54,7 +57,8 @@ class DataConfig(BaseModel):
         default_factory=dict, description="parameters of a dataset registered with fedsafe.register_dataset"
     )
     path: str | None = Field(
-        None, description="directory holding the dataset files (mnist, fashion_mnist, cifar10)"
+        None, description="directory holding the dataset files (fashion_mnist, cifar10; mnist: optional, "
+        "default the file `make data` fetched)"
     )
     partition: PartitionName = "iid"
     alpha: float = Field(0.5, gt=0, allow_inf_nan=False, description="Dirichlet concentration")
@@ -92,7 +96,7 @@ class DataConfig(BaseModel):
                 DATASETS.check_params(self.name, self.params)
             except RegistryError as e:
                 raise ValueError(f"data.params: {e}") from None
-        if self.name in FILE_DATASETS and not self.path:
+        if self.name in FILE_DATASETS - STORED_DATASETS and not self.path:
             raise ValueError(
                 f"data.path is required for data.name={self.name!r}: set it to the directory "
                 f"holding the dataset files (no downloads at run time)"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -90,9 +91,32 @@ def _synthetic(cfg: DataConfig, num_clients: int, seed: int) -> _Raw:
 
 
 def _mnist(cfg: DataConfig, num_clients: int, seed: int) -> _Raw:
-    """MNIST from its IDX files (optionally .gz) in ``data.path``: 28×28 grey digits."""
-    assert cfg.path is not None  # DataConfig guarantees it
-    return _Raw(*load_mnist_idx(cfg.path, "mnist"), num_classes=10, scale=255.0)
+    """MNIST, 28×28 grey digits: ``mnist.pkl.gz`` in fedsafe's data directory when
+    ``data.path`` is not set (``make data`` puts it there); else ``data.path`` is that file, a
+    directory holding it, or a directory of the four IDX files (optionally .gz)."""
+    return _Raw(*read_mnist(cfg.path), num_classes=10, scale=255.0)
+
+
+def read_mnist(path: str | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """MNIST's (x_train, y_train, x_test, y_test) from ``path`` (see :func:`_mnist`)."""
+    from fedsafe.data.mnist_pickle import PICKLE_NAME, load_mnist_pickle
+    from fedsafe.data.store import DATA_ENV, stored_path
+
+    if path is None:
+        stored = stored_path("mnist")
+        if not stored.is_file():
+            raise FileNotFoundError(
+                f"data.name='mnist' without data.path reads {stored}, which is not there: run `make data` "
+                f"(or `fedsafe data fetch mnist`) first, set {DATA_ENV} to the data directory that holds "
+                f"mnist/{PICKLE_NAME}, or set data.path to MNIST's IDX files"
+            )
+        return load_mnist_pickle(stored)
+    where = Path(path)
+    if where.is_file():
+        return load_mnist_pickle(where)
+    if where.is_dir() and (where / PICKLE_NAME).is_file() and not any(where.glob("train-images-idx3-ubyte*")):
+        return load_mnist_pickle(where / PICKLE_NAME)
+    return load_mnist_idx(where, "mnist")
 
 
 def _fashion_mnist(cfg: DataConfig, num_clients: int, seed: int) -> _Raw:
