@@ -59,7 +59,7 @@ from typing import Any, Literal
 
 from torch import Tensor, nn
 
-from fedsafe.config import ExperimentConfig, apply_overrides, read_toml, validate, variant_config
+from fedsafe.config import ExperimentConfig, apply_overrides, read_toml, validate, variant_config, warn_renamed_keys
 from fedsafe.core.errors import ConfigError
 from fedsafe.core.plugins import Plugin
 from fedsafe.core.registry import Registry
@@ -171,6 +171,10 @@ class Experiment:
         raw = _merge(raw_config(config), sections)
         if overrides:
             raw = apply_overrides(raw, dict(overrides))
+        # renamed keys warn where they enter (a TOML path warned as it was read)
+        warn_renamed_keys(_merge({} if isinstance(config, (str, Path, ExperimentConfig)) else raw_config(config), sections))
+        if overrides:
+            warn_renamed_keys(apply_overrides({}, dict(overrides)))
         given = isinstance(data, FederatedDataset) and data.num_clients or (len(client_indices) if client_indices is not None else None)
         if given and "num_clients" not in raw.get("clients", {}):
             raw = _merge(raw, {"clients": {"num_clients": given}})

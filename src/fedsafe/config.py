@@ -8,6 +8,11 @@ pre-aggregators, attacks) are checked against their registries, parameters inclu
 ``variants`` runs several versions of one experiment side by side (the default experiment
 compares a plain mean with a robust pipeline): each variant is a table of dotted-key overrides
 applied to the base config, validated on its own.
+
+Renamed keys (``he.delta`` -> ``he.bits``, ...: :data:`RENAMED_KEYS`) stay accepted for one
+release as deprecated aliases (:mod:`fedsafe.core.renames`): in a file, in ``--set``, in a
+variant's table and in a saved run's ``config.toml``; :meth:`ExperimentConfig.to_toml` writes
+only the new keys.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from fedsafe.core.clients import CLIENT_ALGORITHMS
 from fedsafe.core.errors import ConfigError
 from fedsafe.core.protocol import PROTOCOLS
 from fedsafe.core.registry import ParamValueError, RegistryError
+from fedsafe.core.renames import QUIET, Rename, deprecation_message, warn_renamed
 from fedsafe.data.config import DataConfig
 from fedsafe.models.config import ModelConfig
 from fedsafe.privacy.dp.config import DPConfig
@@ -310,6 +316,16 @@ class ExperimentConfig(Strict):
             raise ValueError(f"unknown protocol {v!r}; valid: {', '.join(PROTOCOLS.names())}")
         return v
 
+    @field_validator("variants", mode="before")
+    @classmethod
+    def _renamed_variant_keys(cls, v: Any, info: ValidationInfo) -> Any:
+        if not isinstance(v, dict):
+            return v
+        warn = not (info.context or {}).get(QUIET)
+        return {
+            name: rename_tree(over, warn=warn) if isinstance(over, dict) else over for name, over in v.items()
+        }
+
     @field_validator("variants")
     @classmethod
     def _safe_variant_names(cls, v: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -447,10 +463,14 @@ def read_toml(path: Path) -> dict[str, Any]:
 
 
 def parse_toml(text: str, where: str = "config") -> dict[str, Any]:
+    """A TOML experiment as a raw dict; each renamed key in it is warned about (it is mapped
+    when the dict is validated)."""
     try:
-        return tomllib.loads(text)
+        raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError([f"{where}: not valid TOML: {e}"]) from None
+    warn_renamed_keys(raw)
+    return raw
 
 
 def parse_override(item: str) -> tuple[str, Any]:
@@ -465,11 +485,13 @@ def parse_override(item: str) -> tuple[str, Any]:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw.strip()
+    warn_renamed_keys(apply_overrides({}, {key: value}))
     return key, value
 
 
 def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """A copy of ``raw`` with each dotted key set (tables created as needed)."""
+    """A copy of ``raw`` with each dotted key set (tables created as needed). A renamed key
+    (:data:`RENAMED_KEYS`) set by either name replaces the setting under both."""
     out = copy.deepcopy(raw)
     for key, value in overrides.items():
         node = out
@@ -479,7 +501,64 @@ def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str,
             if not isinstance(nxt, dict):
                 raise ConfigError([f"{key}: {part!r} is a value, not a table"])
             node = nxt
+        other = RENAMED_KEYS.get(key) or _OLD_KEYS.get(key)
+        if other is not None:
+            node.pop(other.rsplit(".", 1)[1], None)
         node[parts[-1]] = value
+    return out
+
+
+# --- renamed keys ------------------------------------------------------------------------------
+
+_RENAMING_SECTIONS = {"he": HEConfig, "secagg": SecAggConfig, "tee": TEEConfig, "inherent": InherentConfig}
+#: Every renamed key, dotted: old name -> (section, its :class:`~fedsafe.core.renames.Rename`).
+RENAMES: dict[str, tuple[str, Rename]] = {
+    f"{section}.{r.old}": (section, r) for section, model in _RENAMING_SECTIONS.items() for r in model.renames
+}
+#: Every renamed key, dotted: old name -> new name (``"he.delta": "he.bits"``).
+RENAMED_KEYS: dict[str, str] = {old: f"{section}.{r.new}" for old, (section, r) in RENAMES.items()}
+_OLD_KEYS = {new: old for old, new in RENAMED_KEYS.items()}
+
+
+def warn_renamed_keys(raw: dict[str, Any]) -> None:
+    """A deprecation warning for each renamed key in ``raw`` (a raw config, variants included),
+    where a user's keys enter: a file, ``--set``, the Python API. Nothing is changed or refused
+    here: validation maps the keys (quietly) and refuses both names of one key."""
+    try:
+        rename_tree(raw, warn=True)
+    except ValueError:
+        pass
+
+
+def canonical_key(key: str) -> str:
+    """``key`` under its current name (``he.delta`` -> ``he.bits``; others as they are)."""
+    return RENAMED_KEYS.get(key, key)
+
+
+def rename_tree(table: dict[str, Any], prefix: str = "", *, warn: bool = False) -> dict[str, Any]:
+    """A copy of ``table`` (a raw config, or a variant's overrides: nested or dotted keys) with
+    every renamed key under its new name and value; ``warn``: with a deprecation warning each.
+    Both names of one key: ValueError naming both."""
+    out: dict[str, Any] = {}
+    for k, v in table.items():
+        full = f"{prefix}{k}"
+        if full in RENAMES:
+            section, r = RENAMES[full]
+            new_k = k[: len(k) - len(r.old)] + r.new
+            if new_k in table:
+                raise ValueError(
+                    f"{full} and {RENAMED_KEYS[full]} are the same setting ({full} is the deprecated name): "
+                    f"set only {RENAMED_KEYS[full]}"
+                )
+            if warn:
+                warn_renamed(deprecation_message(section, r, v))
+            out[new_k] = r.new_value(v)
+        elif isinstance(v, dict) and k != "params" and full != "variants":
+            out[k] = rename_tree(v, f"{full}.", warn=warn)
+        elif isinstance(v, dict) and full == "variants":
+            out[k] = {name: rename_tree(over, warn=warn) if isinstance(over, dict) else over for name, over in v.items()}
+        else:
+            out[k] = v
     return out
 
 
@@ -512,7 +591,7 @@ def _validate_strict(raw: dict[str, Any], prefix: str = "", *, cross: bool = Tru
     if problems:
         raise ConfigError([f"{prefix}{p}" for p in problems])
     return ExperimentConfig.model_validate_json(
-        json.dumps(plain, allow_nan=True), strict=True, context={"cross": cross}
+        json.dumps(plain, allow_nan=True), strict=True, context={"cross": cross, QUIET: True}
     )
 
 
@@ -611,7 +690,7 @@ def select_variants(
     for key in overrides:
         clash = [
             n for n in chosen
-            if any(_overlaps(key, v) for v in _flatten(known.get(n, {})))
+            if any(_overlaps(canonical_key(key), canonical_key(v)) for v in _flatten(known.get(n, {})))
         ]
         if clash:
             problems.append(

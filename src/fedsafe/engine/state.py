@@ -123,7 +123,7 @@ def load_checkpoint(out_dir: Path, run: str | None = None) -> FederationState:
     if missing:
         raise CheckpointError(f"{path}: checkpoint lacks {', '.join(missing)}")
     _check_integrity(path, blob)
-    if run is not None and blob["run"] != run:
+    if run is not None and blob["run"] != run and _renamed_identity(blob["run"]) != run:
         raise CheckpointError(f"{path}: written by another run: {_config_difference(blob['run'], run)}")
     rnd = blob["round"]
     if isinstance(rnd, bool) or not isinstance(rnd, int) or rnd < 0:
@@ -245,6 +245,18 @@ def _check_metrics(path: Path, out_dir: Path, rnd: int) -> None:
             f"{path}: round {rnd} is {'ahead of' if ahead else 'inconsistent with'} {METRICS}, which holds "
             f"{held} (rows 1..{rnd} are written before a round-{rnd} checkpoint)"
         )
+
+
+def _renamed_identity(theirs: Any) -> Any:
+    """A run identity written before keys were renamed (``he.delta``, ...), under the new names:
+    the same run, so it resumes (``fedsafe.config.RENAMED_KEYS``)."""
+    from fedsafe.config import rename_tree
+
+    try:
+        d = json.loads(theirs)
+        return json.dumps(rename_tree(d), sort_keys=True, separators=(",", ":"), allow_nan=True)
+    except (TypeError, ValueError):
+        return theirs
 
 
 def _config_difference(theirs: str, ours: str) -> str:

@@ -129,8 +129,9 @@ def check_config(cfg: Any) -> list[str]:
             "secagg.adversary = 'active' needs a PKI that both the nodes and the server trust (Flower provides none); "
             "use adversary = 'semi_honest' over Flower"
         )
-    if sa.placement != "local":
-        problems.append("secagg.placement: over Flower the client parties run on the SuperNodes; leave it 'local'")
+    if sa.execution != "serial":
+        key = sa.key_name("execution")
+        problems.append(f"{key}: over Flower the client parties run on the SuperNodes; leave secagg.execution = 'serial'")
     if cfg.attack.f > 0 and cfg.attack.name != "none":
         problems.append(
             f"attack {cfg.attack.name!r}: fedsafe emulates Byzantine clients at the server from the honest updates, "

@@ -52,7 +52,7 @@ def test_config_is_strict_and_ranged():
     with pytest.raises(ValidationError):
         HEConfig(workers=0)
     with pytest.raises(ValidationError, match="extra"):
-        HEConfig(bits=4)
+        HEConfig(bitz=4)  # (he.bits is a key now: it replaced he.delta, issue #27 item 4)
     with pytest.raises(ValidationError, match="exceeds he.delta"):
         HEConfig(delta=3, digits=4)
     assert HEProtocol({"delta": 3, "clamp": 0.01}).config.clamp == 0.01

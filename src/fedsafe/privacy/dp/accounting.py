@@ -131,8 +131,13 @@ NEIGHBORING: dict[str, dpa.NeighboringRelation] = {
     "add_or_remove_one": NR.ADD_OR_REMOVE_ONE,
     "replace_one": NR.REPLACE_ONE,
 }
-# fedsafe's clients.sampling -> the accounting sampling scheme.
+# fedsafe's clients.sampling -> the accounting sampling scheme. The accountant's "none" (no
+# amplification) is what the config, the command line and the docs call "all" (every client
+# every round). The internal name stays "none": it is in the records checkpoints keep and in the
+# functions' sampling= argument; the word is mapped here and where results are shown
+# (:data:`SHOWN_SAMPLING`), not renamed inside.
 CLIENT_SAMPLING: dict[str, str] = {"poisson": "poisson", "fixed": "fixed", "all": "none"}
+SHOWN_SAMPLING: dict[str, str] = {v: k for k, v in CLIENT_SAMPLING.items()}
 
 RDP_ORDERS: tuple[float, ...] = (
     (1.1, 1.2, 1.3, 1.4)  # coarse: only large-ε regimes need them, and dp-accounting's series for
@@ -1787,7 +1792,7 @@ def format_epsilon_table(table: dict[str, Any]) -> str:
     """Human-readable lines for :func:`epsilon_table`'s result."""
     head = (
         f"z={table['z']:g} rounds={table['rounds']} delta={table['delta']:g} "
-        f"sampling={table['sampling']}"
+        f"sampling={SHOWN_SAMPLING.get(table['sampling'], table['sampling'])}"
     )
     if table["sampling"] == "poisson":
         head += f" q={table['q']:g}"
@@ -1851,5 +1856,6 @@ def format_calibration(report: dict[str, Any]) -> str:
     return (
         f"z = {z_up:.4f}  ({report['accountant'].upper()}: epsilon = {report['epsilon']:.4f} "
         f"<= target {report['target_epsilon']:g} at delta={report['delta']:g}, "
-        f"{report['rounds']} rounds, sampling={report['sampling']}, {report['neighboring']})"
+        f"{report['rounds']} rounds, sampling={SHOWN_SAMPLING.get(report['sampling'], report['sampling'])}, "
+        f"{report['neighboring']})"
     )

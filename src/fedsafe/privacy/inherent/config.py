@@ -3,19 +3,29 @@ module: the config imports it without loading torch.func or scipy)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
+
+from fedsafe.core.renames import Rename, RenamingSection, deprecated_alias
 
 Row = Literal["sgd_iid+isotropic", "sgd_iid+wf_na", "gd+isotropic", "gd+wf_na", "gsgd+isotropic", "gsgd+wf_na"]
 
 
-class InherentConfig(BaseModel):
-    """``[inherent]``: the Table 1 row each user releases and how its ε is composed."""
+_RENAMES = (Rename("clip", "example_clip"),)
+
+
+class InherentConfig(RenamingSection):
+    """``[inherent]``: the Table 1 row each user releases and how its ε is composed.
+
+    Renamed: ``inherent.clip`` is now ``inherent.example_clip`` (a per-example L2 clip norm;
+    the old key stays accepted as a deprecated alias for one release)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_assignment=True)
+    section: ClassVar[str] = "inherent"
+    renames: ClassVar[tuple[Rename, ...]] = _RENAMES
     row: Row = "gsgd+wf_na"
-    clip: float = Field(10.0, gt=0, description="per-example L2 clip norm C")
+    example_clip: float = Field(10.0, gt=0, description="per-example L2 clip norm C")
     batch_size: int = Field(32, ge=1, description="B: minibatch size (sgd_iid) / variance scale (gsgd)")
     sigma2: float | None = Field(None, gt=0, description="σ²: isotropic noise variance or WF-NA floor")
     target_epsilon: float | None = Field(None, gt=0, description="calibrate σ² to reach this ε")
@@ -30,6 +40,8 @@ class InherentConfig(BaseModel):
         if (self.sigma2 is None) == (self.target_epsilon is None):
             raise ValueError("set exactly one of inherent.sigma2 and inherent.target_epsilon")
         return self
+
+    clip = deprecated_alias(_RENAMES[0], "inherent")
 
 
 def make_plugin(setup: Any) -> Any:

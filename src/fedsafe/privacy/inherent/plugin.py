@@ -44,7 +44,7 @@ def inherent_updates(
     for c in ids:
         idx = torch.from_numpy(data.client_indices[c][: cfg.max_records])
         grads = per_example_grads(
-            model, params, data.x_train[idx], data.y_train[idx], clip=cfg.clip, loss_fn=loss_fn
+            model, params, data.x_train[idx], data.y_train[idx], clip=cfg.example_clip, loss_fn=loss_fn
         )
         x = client_update(
             grads, mechanism=mechanism, batch_size=min(cfg.batch_size, grads.shape[0]), noise=noise,
@@ -66,7 +66,7 @@ class InherentPlugin(Plugin):
     ) -> None:
         self.cfg = cfg
         self.source = source
-        kw = dict(num_users=num_users, clip=cfg.clip, dataset_size=dataset_size, batch_size=cfg.batch_size,
+        kw = dict(num_users=num_users, clip=cfg.example_clip, dataset_size=dataset_size, batch_size=cfg.batch_size,
                   composition=cfg.composition)
         self.sigma2 = cfg.sigma2 if cfg.sigma2 is not None else calibrate_sigma2(
             cfg.target_epsilon, cfg.row, rounds, cfg.delta, **kw

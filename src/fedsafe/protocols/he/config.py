@@ -3,23 +3,34 @@ imports it without loading the HE machinery)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
+
+from fedsafe.core.renames import Rename, RenamingSection, deprecated_alias
+
+_RENAMES = (Rename("delta", "bits"), Rename("clamp", "range"))
 
 
-class HEConfig(BaseModel):
-    """``[he]``: SABLE's homomorphic aggregation."""
+class HEConfig(RenamingSection):
+    """``[he]``: SABLE's homomorphic aggregation.
+
+    Renamed (the old keys are deprecated aliases for one release): ``he.delta`` -> ``he.bits``
+    (a bit precision, SABLE's δ, not a privacy δ), ``he.clamp`` -> ``he.range`` (a coordinate
+    range [-r, r], not an L2 norm)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_assignment=True)
+    section: ClassVar[str] = "he"
+    renames: ClassVar[tuple[Rename, ...]] = _RENAMES
 
-    delta: int = Field(4, ge=2, le=8, description="bit precision of the quantized messages (SABLE's delta)")
-    # 0.05, not 1.0: with delta = 4 a coordinate survives only when |x| > C/14, and client
+    bits: int = Field(4, ge=2, le=8, description="bit precision of the quantized messages (SABLE's δ)")
+    # 0.05, not 1.0: with bits = 4 a coordinate survives only when |x| > C/14, and client
     # momenta are ~1e-3..1e-1; measured on digits (MLP 64-100-10, 5 nodes, ALIE, 100 rounds,
     # emulator): C = 1.0 reaches 32.9%, C = 0.05 95.8%, plaintext trimmed mean 95.8%
-    clamp: float = Field(
+    range: float = Field(
         0.05, gt=0, allow_inf_nan=False,
-        description="clamp C: coordinates are clipped to [-C, C] before quantizing; those with |x| <= C/(2^delta - 2) round to 0",
+        description="coordinate range C: coordinates are clipped to [-C, C] before quantizing; those with "
+        "|x| <= C/(2^bits - 2) round to 0",
     )
     subsample: bool = Field(False, description="the server aggregates a uniformly random 2f+1 of the n uploads each round")
     backend: Literal["bfv", "emulator"] = Field("bfv", description="bfv: TenSEAL/SEAL ciphertexts; emulator: same circuit mod p, no encryption")
@@ -38,6 +49,10 @@ class HEConfig(BaseModel):
 
     @model_validator(mode="after")
     def _digits_fit(self) -> HEConfig:
-        if self.digits is not None and self.digits > self.delta:
-            raise ValueError(f"he.digits={self.digits} exceeds he.delta={self.delta} (at most one digit per bit)")
+        if self.digits is not None and self.digits > self.bits:
+            bits = type(self)._key_being_validated("bits")
+            raise ValueError(f"he.digits={self.digits} exceeds {bits}={self.bits} (at most one digit per bit)")
         return self
+
+    delta = deprecated_alias(_RENAMES[0], "he")
+    clamp = deprecated_alias(_RENAMES[1], "he")

@@ -449,7 +449,7 @@ def _plan_once(
             f"no 128-bit-secure BFV parameters for HTS with n={n}, ranks {lo}..{hi}, delta={delta}: "
             f"the circuit's noise needs more modulus than N={biggest} allows "
             f"({MAX_COEFF_BITS_128[biggest]} bits). Tried: " + "; ".join(tried[:6])
-            + ". Lower delta, use fewer inputs (he.subsample), or allow a larger ring."
+            + ". Lower delta (he.bits), use fewer inputs (he.subsample), or allow a larger ring."
         )
     # fastest per slot; among plans within UPLOAD_TOLERANCE of it, the fewest digit planes
     # (each digit is one more ciphertext per node per block to upload)

@@ -119,9 +119,11 @@ class HEProtocol:
         elif isinstance(config, dict):
             config = HEConfig(**{**config, **kwargs})
         elif kwargs:
-            config = config.model_copy(update=kwargs)
+            # validated, and an old name in kwargs (he.delta) replaces its new one (he.bits)
+            kept = config.model_dump(exclude={r.new for r in config.renames if r.old in kwargs})
+            config = type(config)(**{**kept, **kwargs})
         self.config = config
-        self.quantizer = Quantizer(config.delta, config.clamp)
+        self.quantizer = Quantizer(config.bits, config.range)
         self._parties: dict[HEParams, tuple[Any, Any]] = {}
         self._setup_reported: set[HEParams] = set()
         self._warned: set[str] = set()  # warnings already given in this run
@@ -162,7 +164,7 @@ class HEProtocol:
                 sizes = sorted({min(n, nodes - k) for k in range(1, f + 1)} - {n}, reverse=True)
                 subsets = tuple((m, *band(m, rule, f)) for m in sizes if m >= 1 and (rule != "trimmed_mean" or m > 2 * f))
             return _plan(
-                n, lo, hi, self.config.delta, self.config.digits, self.config.poly_modulus_degree,
+                n, lo, hi, self.config.bits, self.config.digits, self.config.poly_modulus_degree,
                 self.config.noise_margin_bits, self.config.check_digits, subsets,
             )
         except HEParameterError as exc:
@@ -235,16 +237,17 @@ class HEProtocol:
         useless = quantization_destroys_signal(clipped, zeroed)
         self._useless_streak = self._useless_streak + 1 if useless else 0
         if self._useless_streak >= QUANTIZATION_PATIENCE:
+            rng, bits = self.config.key_name("range"), self.config.key_name("bits")
             self._warn_once(
                 "quantization",
                 f"he: for {self._useless_streak} rounds up to round {ctx.round} the quantization left the honest "
                 f"messages meaningless: now {zeroed:.1%} of their coordinates round to 0 and {clipped:.1%} are clipped "
-                f"(he.clamp = {self.config.clamp:g}, he.delta = {self.config.delta}; "
+                f"({rng} = {self.config.range:g}, {bits} = {self.config.bits}; "
                 f"a coordinate x survives when C/{2 * self.quantizer.offset} < |x| <= C). "
                 + (
-                    "Lower he.clamp towards the typical |coordinate| of the messages, or raise he.delta."
+                    f"Lower {rng} towards the typical |coordinate| of the messages, or raise {bits}."
                     if zeroed > ZEROED_WARN_FRACTION
-                    else "Raise he.clamp towards the typical |coordinate| of the messages."
+                    else f"Raise {rng} towards the typical |coordinate| of the messages."
                 )
                 + " The metrics he_zeroed_fraction and he_clipped_fraction track it per round.",
             )

@@ -8,7 +8,8 @@ Choices (documented here once, used everywhere):
   makes the sum exact in ``Z_{2^bits}`` — overflow is impossible by construction, not by luck,
   whatever the ranges. ``q`` is ``quant_bits`` when given, else the largest value meeting that
   inequality (capped at 52, the resolution of a float64).
-* **Ranges** (``clip``). A number ``c``: every coordinate in ``[-c, c]``, as the user asked.
+* **Ranges** (``range``; ``clip`` before, a deprecated alias for one release: these are
+  coordinate ranges, not L2 norms). A number ``c``: every coordinate in ``[-c, c]``, as the user asked.
   ``"auto"`` (the default): without DP, ``[-1, 1]``; with DP (``dp.placement`` ``local`` or
   ``distributed``; ``central`` cannot run under secagg), a range per kind of message coordinate,
   derived each round from what the DP plugin declares (:mod:`.ranges`): the update's
@@ -17,7 +18,7 @@ Choices (documented here once, used everywhere):
   them (``z C / sqrt(n_s)`` and ``σ_b / sqrt(n_s)`` for distributed shares, ``z C`` for local
   noise). Each range is widened by ``k σ``, with ``k`` the smallest factor such that, by a union
   bound over the round's ``n`` clients and ``d`` coordinates, ``P(any coordinate clipped) <=
-  n d 2 Φ(-k) = clip_probability`` (default ``1e-15``; ``k`` is about 9–11 for any realistic
+  n d 2 Φ(-k) = range_probability`` (default ``1e-15``; ``k`` is about 9–11 for any realistic
   ``n d``). The encoder counts the coordinates it clips, and every client adds two more masked
   words — whether it clipped and how many coordinates — so the server learns only their sums,
   like the rest of the input (``secagg_clipped_clients``, ``secagg_clipped_coordinates``).
@@ -47,10 +48,11 @@ Choices (documented here once, used everywhere):
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from fedsafe.core.renames import Rename, RenamingSection, deprecated_alias
 from fedsafe.protocols.secagg.errors import SecAggError
 
 if TYPE_CHECKING:
@@ -63,26 +65,39 @@ Adversary = Literal["semi_honest", "active"]
 
 MAX_QUANT_BITS = 52  # float64 resolution: finer levels than this cannot be told apart
 
+_RENAMES = (
+    Rename("clip", "range"),
+    Rename("clip_probability", "range_probability"),
+    Rename("placement", "execution", {"local": "serial"}),
+)
 
-class SecAggConfig(BaseModel):
-    """Secure aggregation parameters (config section ``[secagg]``)."""
+
+class SecAggConfig(RenamingSection):
+    """Secure aggregation parameters (config section ``[secagg]``).
+
+    Renamed (the old keys are deprecated aliases for one release): ``secagg.clip`` ->
+    ``secagg.range`` and ``secagg.clip_probability`` -> ``secagg.range_probability`` (coordinate
+    ranges [-r, r], not L2 norms); ``secagg.placement`` ('local' | 'ray') -> ``secagg.execution``
+    ('serial' | 'ray')."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_assignment=True)
+    section: ClassVar[str] = "secagg"
+    renames: ClassVar[tuple[Rename, ...]] = _RENAMES
 
     bits: int = Field(32, ge=16, le=62, description="arithmetic is in Z_{2^bits}")
     quant_bits: int | None = Field(
         None, ge=1, le=MAX_QUANT_BITS,
         description="levels 2^quant_bits per coordinate; default: the most that cannot overflow",
     )
-    clip: float | Literal["auto"] = Field(
+    range: float | Literal["auto"] = Field(
         "auto",
-        description="coordinates clipped to [-clip, clip]; 'auto': [-1, 1] without DP, with DP a range per kind of "
-        "coordinate from the DP clip norm and noise, widened so that clipping noise has probability <= clip_probability",
+        description="coordinates clipped to [-range, range]; 'auto': [-1, 1] without DP, with DP a range per kind of "
+        "coordinate from the DP clip norm and noise, widened so that clipping noise has probability <= range_probability",
     )
-    clip_probability: float = Field(
+    range_probability: float = Field(
         1e-15, gt=0, lt=1, allow_inf_nan=False,
         description="with DP: the tail bound of 'auto' ranges, P(any client's noisy coordinate clipped in a round); "
-        "an explicit clip that exceeds it is warned about, and its clipped shares are not credited",
+        "an explicit range that exceeds it is warned about, and its clipped shares are not credited",
     )
     threshold: int | float = Field(
         0.5, description="fraction f in [0.5, 1) of each share group (t = floor(f g) + 1), or a count t "
@@ -99,8 +114,9 @@ class SecAggConfig(BaseModel):
     dropout_stages: tuple[Stage, ...] | None = Field(
         None, min_length=1, description="stages at which simulated dropouts happen; default: every stage"
     )
-    placement: Literal["local", "ray"] = Field(
-        "local", description="where client parties run: this process, or one Ray actor each"
+    execution: Literal["serial", "ray"] = Field(
+        "serial", description="where client parties run: serial: in this process, one after another; ray: one "
+        "Ray actor each"
     )
 
     @field_validator("threshold", mode="before")
@@ -126,17 +142,18 @@ class SecAggConfig(BaseModel):
             )
         return v
 
-    @field_validator("clip", mode="before")
+    @field_validator("range", mode="before")
     @classmethod
-    def _clip(cls, v: object) -> object:
+    def _range(cls, v: object) -> object:
+        key = cls._key_being_validated("range")
         if isinstance(v, str):
             if v != "auto":
-                raise ValueError(f"secagg.clip must be a number > 0 or 'auto', got {v!r}")
+                raise ValueError(f"{key} must be a number > 0 or 'auto', got {v!r}")
             return v
         if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ValueError(f"secagg.clip must be a number > 0 or 'auto', got {v!r}")
+            raise ValueError(f"{key} must be a number > 0 or 'auto', got {v!r}")
         if not math.isfinite(v) or v <= 0:
-            raise ValueError(f"secagg.clip must be a finite number greater than 0 (or 'auto'), got {v}")
+            raise ValueError(f"{key} must be a finite number greater than 0 (or 'auto'), got {v}")
         return float(v)
 
     @field_validator("dropout_stages")
@@ -231,16 +248,25 @@ class SecAggConfig(BaseModel):
         return q
 
     @property
+    def fixed_range(self) -> float:
+        """The range half-width without DP: ``range``, or 1.0 for ``"auto"``."""
+        return 1.0 if self.range == "auto" else float(self.range)
+
+    @property
     def fixed_clip(self) -> float:
-        """The range half-width without DP: ``clip``, or 1.0 for ``"auto"``."""
-        return 1.0 if self.clip == "auto" else float(self.clip)
+        """``fixed_range`` (its name before ``secagg.clip`` became ``secagg.range``)."""
+        return self.fixed_range
+
+    clip = deprecated_alias(_RENAMES[0], "secagg")
+    clip_probability = deprecated_alias(_RENAMES[1], "secagg")
+    placement = deprecated_alias(_RENAMES[2], "secagg")
 
     def quantization_step(self, n: int, ranges: Ranges | None = None) -> float:
         """Largest distance between quantization levels: ``(hi - lo) / (2^q - 1)`` of the widest
-        range (``2 clip / (2^q - 1)`` for ``[-clip, clip]``; ``ranges`` default: that one)."""
+        range (``2 r / (2^q - 1)`` for ``[-r, r]``; ``ranges`` default: that one)."""
         q = self.effective_quant_bits(n)
         if ranges is None:
-            return 2.0 * self.fixed_clip / ((1 << q) - 1)
+            return 2.0 * self.fixed_range / ((1 << q) - 1)
         return max(ranges.steps(q))
 
     def quantization_error_bound(self, n: int, ranges: Ranges | None = None) -> float:
@@ -250,7 +276,7 @@ class SecAggConfig(BaseModel):
         the float64 arithmetic of encoding and decoding (``eps = 2^-52``, ``m`` the largest
         ``|lo|``, ``|hi|``; it matters only for ``q`` near 52). Clipping error comes on top and
         depends on the data."""
-        m = self.fixed_clip if ranges is None else ranges.max_abs()
+        m = self.fixed_range if ranges is None else ranges.max_abs()
         return self.quantization_step(n, ranges) / 2.0 + 4.0 * 2.0**-52 * m
 
 

@@ -7,7 +7,7 @@ the sum of ``m`` encodings is below ``m (2^q - 1) < 2^bits`` (checked by
 :meth:`SecAggConfig.effective_quant_bits`) whatever the ranges, so it is recovered exactly modulo
 ``2^bits``, and ``decode_mean(S, m) = S / m (hi - lo) / (2^q - 1) + lo`` is the mean of the clipped
 inputs up to half a quantization step ``(hi - lo) / (2^q - 1)`` of that run. One range
-``[-c, c]`` for every coordinate (:meth:`Ranges.uniform`) is the encoding of ``secagg.clip = c``.
+``[-c, c]`` for every coordinate (:meth:`Ranges.uniform`) is the encoding of ``secagg.range = c``.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class Ranges:
 
     @classmethod
     def uniform(cls, dim: int, clip: float) -> Ranges:
-        """``[-clip, clip]`` for all ``dim`` coordinates (``secagg.clip`` as a number)."""
+        """``[-clip, clip]`` for all ``dim`` coordinates (``secagg.range`` as a number)."""
         return cls(((dim, -float(clip), float(clip)),))
 
     @property

@@ -5,12 +5,12 @@ per message and a server party, over an in-memory transport that counts bytes. T
 with the exact integer sum of the survivors' quantized updates and nothing else; the aggregate
 is that sum decoded and divided by the number of survivors (the ``mean`` rule over survivors).
 
-Encoding ranges (``secagg.clip``, see :mod:`.config` and :mod:`.ranges`): the engine hands the
+Encoding ranges (``secagg.range``, see :mod:`.config` and :mod:`.ranges`): the engine hands the
 protocol its round plugins (:meth:`SecAggProtocol.bind_plugins`); one that declares
 ``message_ranges(dim)`` (DP) says, per run of coordinates, the bounds of an honest message and
-the std of each client's noise on it, and with ``clip = "auto"`` every round's ranges are
+the std of each client's noise on it, and with ``range = "auto"`` every round's ranges are
 derived from that declaration (at the plugin's current clip norm) with the tail bound
-``secagg.clip_probability``. The same ranges go to the parties over Flower
+``secagg.range_probability``. The same ranges go to the parties over Flower
 (:class:`fedsafe.flower.secagg.FlowerSecAgg` is this protocol).
 
 Clipping, and what the accountant credits. Every round reports ``secagg_clipped_clients`` and
@@ -18,10 +18,10 @@ Clipping, and what the accountant credits. Every round reports ``secagg_clipped_
 nothing per client), ``secagg_clipped_fraction`` and, with a declaration,
 ``secagg_clip_probability`` (the a-priori bound for the ranges used). With ranges that meet the
 tail bound, clipping an honest client's noise is an event of probability at most
-``clip_probability`` for every dataset, paid for in δ (:mod:`.ranges`), so every honest share
+``range_probability`` for every dataset, paid for in δ (:mod:`.ranges`), so every honest share
 stays credited; a clip the count still shows then comes from a message outside the declared
 bounds (a Byzantine client's), which carries no credited noise anyway. With ranges that do not
-meet it (an explicit ``secagg.clip``, warned about), the clients that clipped are reported as
+meet it (an explicit ``secagg.range``, warned about), the clients that clipped are reported as
 ``secagg_uncredited_shares``, and the DP plugin does not credit that many honest noise shares.
 """
 
@@ -130,36 +130,38 @@ class SecAggProtocol:
         cfg = self.config
         runs = self.declared_runs(dim)
         if runs is None:
-            return fixedpoint.Ranges.uniform(dim, cfg.fixed_clip), None
-        if cfg.clip == "auto":
-            ranges, _ = derive(runs, clients, cfg.clip_probability)
+            return fixedpoint.Ranges.uniform(dim, cfg.fixed_range), None
+        if cfg.range == "auto":
+            ranges, _ = derive(runs, clients, cfg.range_probability)
         else:
-            ranges = fixedpoint.Ranges.uniform(dim, float(cfg.clip))
+            ranges = fixedpoint.Ranges.uniform(dim, float(cfg.range))
         return ranges, clip_probability(ranges, runs, clients)
 
     def meets_bound(self, p: float) -> bool:
-        """Whether ranges whose clip probability is ``p`` meet ``secagg.clip_probability`` ("auto"
+        """Whether ranges whose clip probability is ``p`` meet ``secagg.range_probability`` ("auto"
         ranges do by construction; the slack absorbs the rounding of Φ and its inverse)."""
-        return self.config.clip == "auto" or p <= self.config.clip_probability * (1 + 1e-6)
+        return self.config.range == "auto" or p <= self.config.range_probability * (1 + 1e-6)
 
     def _warn_explicit(self, ranges: fixedpoint.Ranges, p: float, clients: int, dim: int) -> None:
         if self._warned or self.meets_bound(p):
             return
         self._warned = True
         runs = self.declared_runs(dim)
-        auto, _ = derive(runs, clients, self.config.clip_probability)
+        cfg = self.config
+        auto, _ = derive(runs, clients, cfg.range_probability)
         need = ", ".join(f"[{lo:.4g}, {hi:.4g}] x {n}" for n, lo, hi in auto.runs)
+        rng, prob = cfg.key_name("range"), cfg.key_name("range_probability")
         warnings.warn(
-            f"secagg.clip = {self.config.clip} clips the clients' DP noise with probability up to {p:.3g} per round "
-            f"(above secagg.clip_probability = {self.config.clip_probability:g}; with {clients} clients the auto "
+            f"{rng} = {cfg.range} clips the clients' DP noise with probability up to {p:.3g} per round "
+            f"(above {prob} = {cfg.range_probability:g}; with {clients} clients the auto "
             f"ranges would be {need}): the aggregate is biased, and under distributed DP the noise shares of "
-            "clients that clip are not credited by the accountant; use secagg.clip = 'auto'",
+            f"clients that clip are not credited by the accountant; use {rng} = 'auto'",
             UserWarning, stacklevel=3,
         )
 
     def preflight(self, n: int, pipeline: RobustPipeline, *, dim: int) -> None:
-        """Config-time: warn when an explicit ``secagg.clip`` would clip the declared noise."""
-        if self.config.clip == "auto" or not self._declares or n < 1:
+        """Config-time: warn when an explicit ``secagg.range`` would clip the declared noise."""
+        if self.config.range == "auto" or not self._declares or n < 1:
             return
         ranges, p = self.ranges(dim, n)
         if p is not None:
@@ -174,7 +176,7 @@ class SecAggProtocol:
         ``fedsafe.flower`` runs them on the SuperNodes instead."""
         randomness = seeded_randomness(self.key_seed, ctx.round) if self.key_seed is not None else None
         factory = None
-        if self.config.placement == "ray":
+        if self.config.execution == "ray":
             from fedsafe.protocols.secagg.ray_parties import ray_client_factory
 
             factory = ray_client_factory()

@@ -11,7 +11,7 @@ coordinates of ``n`` clients, each clipped with probability at most ``2 Φ(-k)``
 
     P(some coordinate of some client is clipped) <= n d 2 Φ(-k) = p.
 
-:func:`clip_probability` is the same bound for any given ranges (a user's ``secagg.clip``): 1
+:func:`clip_probability` is the same bound for any given ranges (a user's ``secagg.range``): 1
 when a range does not even contain its run's signal bounds.
 
 Why a tail bound suffices for DP: on the event that nothing is clipped (probability at least
@@ -20,7 +20,7 @@ Why a tail bound suffices for DP: on the event that nothing is clipped (probabil
 ``(ε, δ)`` guarantee of the unclipped mechanism holds for the clipped one as
 ``(ε, δ + (1 + e^ε) T p)``. With the default ``p = 1e-15`` that extra term is ``3e-9`` for
 ``ε = 8`` over ``T = 1000`` rounds and ``2.2e-7`` for ``ε = 10`` over ``T = 10^4`` (lower
-``secagg.clip_probability`` for such runs; ``k`` grows only like ``sqrt(2 ln(1/p))``).
+``secagg.range_probability`` for such runs; ``k`` grows only like ``sqrt(2 ln(1/p))``).
 """
 
 from __future__ import annotations

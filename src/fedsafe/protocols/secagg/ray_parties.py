@@ -1,4 +1,4 @@
-"""Secure-aggregation client parties on Ray actors (``secagg.placement = "ray"``).
+"""Secure-aggregation client parties on Ray actors (``secagg.execution = "ray"``).
 
 Each client party lives in its own Ray actor, where it holds its update and its secrets; the
 driver keeps the server party and the transport. Parties only ever see ``(sender, bytes)``, so

@@ -68,7 +68,7 @@ class ServerParty:
     """The aggregation server of one round among ``participants`` with ``dim``-long updates.
 
     ``ranges`` (a :class:`~.fixedpoint.Ranges` over ``dim`` coordinates) is the encoding it
-    announces; default ``[-c, c]`` everywhere, ``c = config.fixed_clip``. Masked inputs hold
+    announces; default ``[-c, c]`` everywhere, ``c = config.fixed_range``. Masked inputs hold
     ``dim`` words and then the two clipping-statistics words (:data:`.fixedpoint.CLIP_STATS`);
     after the round, ``total`` is the sum of the update words and ``clip_stats`` that of the
     statistics words. ``directory`` (the PKI's verification keys) is required with
@@ -87,7 +87,7 @@ class ServerParty:
         self.participants = tuple(sorted(ids))
         self.config = config
         self.dim = dim
-        self.ranges = ranges if ranges is not None else fixedpoint.Ranges.uniform(dim, config.fixed_clip)
+        self.ranges = ranges if ranges is not None else fixedpoint.Ranges.uniform(dim, config.fixed_range)
         if self.ranges.dim != dim:
             raise SecAggError(f"encoding ranges cover {self.ranges.dim} coordinates, the updates have {dim}")
         self.width = dim + fixedpoint.CLIP_STATS  # words per masked input

@@ -89,7 +89,7 @@ def run_round(
     With ``config.adversary = "active"``, ``enrolment`` is the PKI (clients not yet enrolled are
     enrolled; default: a fresh one with OS keys): each client party gets its own identity
     (``identity=`` of the factory), the server only the directory.
-    ``ranges`` is the encoding (default ``[-c, c]`` everywhere, ``c = config.fixed_clip``).
+    ``ranges`` is the encoding (default ``[-c, c]`` everywhere, ``c = config.fixed_range``).
     Raises :class:`SecAggError` when the round aborts.
     """
     stages = config.stages

@@ -133,7 +133,7 @@ class _AcceleratorActor:
 
 
 class RayEndpoint:
-    """An accelerator on a Ray actor (``tee.accelerators = "ray"``): on this machine or any node
+    """An accelerator on a Ray actor (``tee.execution = "ray"``): on this machine or any node
     of a cluster, on a GPU with ``tee.accelerator_gpus``. Only frames (bytes) cross; the actor
     holds its own channel key, as a process would."""
 
@@ -297,7 +297,7 @@ class TEESession:
         timeout: float = 600.0,
         keep_received: bool = False,
         accelerator_threads: int | None = None,
-        accelerators: str = "same",
+        execution: str = "serial",
         accelerator_gpus: float = 0.0,
     ) -> None:
         self.timeout = timeout
@@ -309,7 +309,7 @@ class TEESession:
         self._finalizer = weakref.finalize(self, _close_all, self.endpoints)
         try:
             threads = accelerator_threads or max(1, (os.cpu_count() or 2) // 2)
-            if accelerators == "ray":
+            if execution == "ray":
                 if processes:
                     self.endpoints.append(ProcessEndpoint("enclave", pack({"settings": settings}, blobs={"platform": secrets})))
                     checked(self.endpoints[0].result(timeout))

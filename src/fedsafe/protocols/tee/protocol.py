@@ -247,7 +247,7 @@ class TEEProtocol:
             self._session = TEESession(
                 cfg.enclave_settings(), processes=cfg.processes, device=cfg.device,
                 timeout=cfg.timeout_s, keep_received=self.audit and not cfg.processes,
-                accelerators=cfg.accelerators, accelerator_gpus=cfg.accelerator_gpus,
+                execution=cfg.execution, accelerator_gpus=cfg.accelerator_gpus,
             )
             self._ahead = 0
         if self._d is None:
