@@ -28,13 +28,19 @@ if TYPE_CHECKING:
 
 class SecureProtocol(TypingProtocol):
     """What the engine asks of a protocol. ``pipeline`` is the server's robust pipeline
-    (:class:`fedsafe.robust.pipeline.RobustPipeline`): ``rule_name``, ``rule_params``, ``pre``,
-    ``f``, and calling it aggregates an (n, d) tensor. A protocol may also define
+    (:class:`fedsafe.robust.pipeline.RobustPipeline`): calling it aggregates an (n, d) tensor
+    (and remembers the result). A protocol that performs the aggregation itself instead reads
+    ``pipeline.spec`` (a read-only ``PipelineSpec``: the rule, its params, ``f``, the
+    pre-aggregators), hands its aggregate to ``pipeline.record(vector)``, and names the rules
+    it performs in ``performs()``, which its ``check`` refuses every other rule by (None: it
+    runs the pipeline, so every rule). A protocol may also define
     ``preflight(n, pipeline, *, dim)`` (config-time check of a round's size), ``close()`` and
     ``state_dict`` / ``load_state_dict``."""
 
     name: str
     reveals_messages: bool  # whether the server sees individual messages (server-side transforms)
+
+    def performs(self) -> tuple[str, ...] | None: ...
 
     def check(self, pipeline: Any) -> None: ...
 
@@ -67,6 +73,10 @@ class PlainProtocol:
 
     name = "plain"
     reveals_messages = True
+
+    def performs(self) -> None:
+        """None: the server runs the pipeline itself, so every rule."""
+        return None
 
     def check(self, pipeline: Any) -> None:
         return None  # the server holds individual updates, so every rule can run

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -13,11 +15,24 @@ from fedsafe.robust.aggregators import AGGREGATORS
 from fedsafe.robust.preaggregators import PREAGGREGATORS
 
 
+@dataclass(frozen=True)
+class PipelineSpec:
+    """What a robust pipeline aggregates, read-only (:attr:`RobustPipeline.spec`): what a
+    protocol that performs the aggregation itself, in the pipeline's place, reads instead of
+    the pipeline's attributes."""
+
+    rule: str  # the rule's registered name (robust.rule)
+    params: Mapping[str, Any]  # its parameters as configured (robust.params), a read-only view
+    f: int  # the number of Byzantine updates the rule must tolerate
+    pre: tuple[str, ...]  # the pre-aggregators' names, in the order they run (robust.pre)
+
+
 class RobustPipeline:
     """``rule(pre_k(...pre_1(updates)))`` with the configured parameters.
 
     The only state is the previous round's aggregate, handed explicitly to rules that take it
-    (centered clipping) and saved in checkpoints. Rules that take ``server_update`` (FLTrust)
+    (centered clipping) and saved in checkpoints. A protocol that performs the rule itself
+    (secagg, he, tee) reads :attr:`spec` and hands its aggregate to :meth:`record`. Rules that take ``server_update`` (FLTrust)
     get :attr:`server_update`, which the engine sets every round before anything aggregates;
     randomised rules (FLAME) draw from the stream ``("robust.rule", round)``. Randomised pre-aggregators (bucketing) draw
     from the stream ``("robust.pre", round, position)``.
@@ -32,7 +47,7 @@ class RobustPipeline:
         seed: int,
     ) -> None:
         self.rule_name = rule
-        self.rule_params = dict(rule_params)  # as configured: protocols that run the rule themselves read them
+        self.rule_params = dict(rule_params)  # as configured (protocols read them through spec)
         self.rule = AGGREGATORS.get(rule, rule_params)
         reserved = _reserved_params(AGGREGATORS, rule)
         self.uses_previous = "previous" in reserved
@@ -85,9 +100,49 @@ class RobustPipeline:
                 self.history[cid] = row.detach().to(torch.float64).clone() if past is None else past + row.to(torch.float64)
         return out
 
+    @property
+    def spec(self) -> PipelineSpec:
+        """What this pipeline aggregates: the rule, its parameters, f and the pre-aggregators."""
+        return PipelineSpec(
+            rule=self.rule_name, params=MappingProxyType(dict(self.rule_params)), f=int(self.f),
+            pre=tuple(n for n, _, _ in self.pre),
+        )
+
+    def record(self, aggregate: Tensor) -> None:
+        """Remember ``aggregate``, which a protocol computed in the pipeline's place, as calling
+        the pipeline remembers its own: the previous aggregate, handed to rules that take it
+        (centered clipping) and saved in checkpoints. A rule that follows clients (FoolsGold)
+        also needs the rows, so no protocol can perform it in the pipeline's place."""
+        if self.uses_history:
+            raise ValueError(f"rule {self.rule_name!r} follows each client's updates: only calling the pipeline records them")
+        self.previous = aggregate
+
     def describe(self) -> str:
         names = [n for n, _, _ in self.pre] + [self.rule_name]
         return " → ".join(names)
+
+
+def spec_of(pipeline: Any) -> PipelineSpec:
+    """``pipeline.spec``; for a stand-in written before it (an object with ``rule_name``,
+    ``rule_params``, ``pre`` and ``f``), the same description built from those."""
+    spec = getattr(pipeline, "spec", None)
+    if isinstance(spec, PipelineSpec):
+        return spec
+    pre = tuple(p if isinstance(p, str) else p[0] for p in getattr(pipeline, "pre", ()) or ())
+    return PipelineSpec(
+        rule=getattr(pipeline, "rule_name", None), params=MappingProxyType(dict(getattr(pipeline, "rule_params", {}) or {})),
+        f=int(getattr(pipeline, "f", 0)), pre=pre,
+    )
+
+
+def record_aggregate(pipeline: Any, aggregate: Tensor) -> None:
+    """``pipeline.record(aggregate)``; a stand-in written before it, with only a ``previous``
+    attribute, gets ``previous = aggregate``."""
+    record = getattr(pipeline, "record", None)
+    if callable(record):
+        record(aggregate)
+    elif hasattr(pipeline, "previous"):
+        pipeline.previous = aggregate
 
 
 def _reserved_params(registry, name: str) -> set[str]:

@@ -59,8 +59,9 @@ from fedsafe.core.types import Aggregate, Message, RoundContext, stack_messages
 from fedsafe.protocols.he.config import HEConfig
 from fedsafe.protocols.he.encoding import Quantizer
 from fedsafe.protocols.he.params import HEParameterError, HEParams, HEPlan, band, plan_hts, plan_subset
+from fedsafe.robust.pipeline import record_aggregate, spec_of
 
-SUPPORTED_RULES = ("trimmed_mean", "median")
+SUPPORTED_RULES = ("trimmed_mean", "median")  # HEProtocol.performs()
 
 # A round whose honest coordinates are this erased or this clipped carries no usable direction
 # (thresholds measured on digits, see quantization_destroys_signal).
@@ -131,14 +132,20 @@ class HEProtocol:
 
     # ------------------------------------------------------------------ engine interface
 
+    def performs(self) -> tuple[str, ...]:
+        """The robust rules this protocol performs itself, in the pipeline's place, over the
+        ciphertexts: the coordinate-wise trimmed mean (HTS) and median (HMED)."""
+        return SUPPORTED_RULES
+
     def check(self, pipeline: Any) -> None:
-        rule = getattr(pipeline, "rule_name", None)
-        if rule not in SUPPORTED_RULES:
+        spec = spec_of(pipeline)
+        rule = spec.rule
+        if rule not in self.performs():
             raise ProtocolError(
                 f"protocol 'he' computes only coordinate-wise rules homomorphically ({', '.join(SUPPORTED_RULES)}); "
                 f"rule {rule!r} needs the individual updates, which the server only holds encrypted"
             )
-        pre = [name for name, *_ in getattr(pipeline, "pre", [])]
+        pre = spec.pre
         if pre:
             raise ProtocolError(
                 f"protocol 'he' cannot run pre-aggregators ({', '.join(pre)}): they transform individual updates, "
@@ -175,11 +182,12 @@ class HEProtocol:
         parameters with enough noise budget exist (raises ProtocolError with the reason). The
         message dimension ``dim`` does not matter here (it only sets the ciphertext count)."""
         self.check(pipeline)
-        f = int(pipeline.f)
+        spec = spec_of(pipeline)
+        f = spec.f
         inputs = 2 * f + 1 if self.config.subsample and 2 * f + 1 < n else n
-        if pipeline.rule_name == "trimmed_mean" and not inputs > 2 * f:
+        if spec.rule == "trimmed_mean" and not inputs > 2 * f:
             raise HEProtocolError(f"he: trimmed_mean needs more than 2f={2 * f} inputs, got {inputs}")
-        return self.plan(inputs, pipeline.rule_name, f, nodes=n)
+        return self.plan(inputs, spec.rule, f, nodes=n)
 
     def subsample(self, n: int, f: int, ctx: RoundContext) -> list[int]:
         """Positions (into the round's messages) the server aggregates: all, or 2f+1 drawn
@@ -196,7 +204,8 @@ class HEProtocol:
         screen and dequantize."""
         self.check(pipeline)
         updates = stack_messages(messages)
-        n, f, rule = len(messages), int(pipeline.f), pipeline.rule_name
+        spec = spec_of(pipeline)
+        n, f, rule = len(messages), spec.f, spec.rule
         inputs = len(self.subsample(n, f, ctx))  # what the uploads are planned for
         if rule == "trimmed_mean" and not inputs > 2 * f:
             raise HEProtocolError(f"he: trimmed_mean needs more than 2f={2 * f} inputs, got {inputs}")
@@ -214,8 +223,7 @@ class HEProtocol:
         mean = self.quantizer.dequantize(sums, count)
         vector = torch.from_numpy(mean).to(dtype=updates.dtype, device=updates.device)
         cost["he_decrypt_seconds"] = cost.get("he_decrypt_seconds", 0.0) + time.perf_counter() - t0
-        if hasattr(pipeline, "previous"):
-            pipeline.previous = vector
+        record_aggregate(pipeline, vector)  # what pipeline(...) would have remembered
         if invalid:
             self._warn_once(
                 "excluded_invalid",

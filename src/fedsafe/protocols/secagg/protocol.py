@@ -45,7 +45,7 @@ from fedsafe.protocols.secagg.errors import SecAggError
 from fedsafe.protocols.secagg.pki import Enrolment
 from fedsafe.protocols.secagg.ranges import NoisyRun, as_runs, clip_probability, derive
 from fedsafe.protocols.secagg.session import RoundOutcome, run_round, seeded_randomness
-from fedsafe.robust.pipeline import RobustPipeline
+from fedsafe.robust.pipeline import RobustPipeline, record_aggregate, spec_of
 
 
 class SecAggProtocol:
@@ -88,13 +88,19 @@ class SecAggProtocol:
                 (lambda cid: crypto.SeededRandomness(key_seed, f"enrol/{cid}")) if seeded else None
             )
 
+    def performs(self) -> tuple[str, ...]:
+        """The robust rules this protocol performs itself, in the pipeline's place: the mean
+        (of the survivors), the only one the sum gives."""
+        return ("mean",)
+
     def check(self, pipeline: RobustPipeline) -> None:
         """Secure aggregation reveals only the sum, so only the plain mean can run on it."""
+        spec = spec_of(pipeline)
         problems = []
-        if pipeline.rule_name != "mean":
-            problems.append(f"rule {pipeline.rule_name!r}")
-        if pipeline.pre:
-            problems.append("pre-aggregators " + ", ".join(repr(p[0]) for p in pipeline.pre))
+        if spec.rule not in self.performs():
+            problems.append(f"rule {spec.rule!r}")
+        if spec.pre:
+            problems.append("pre-aggregators " + ", ".join(repr(name) for name in spec.pre))
         if problems:
             raise ProtocolError(
                 f"secure aggregation reveals only the sum of the updates, never an individual one, so "
@@ -225,7 +231,7 @@ class SecAggProtocol:
         out = self.run_parties(inputs, ctx, drop_at, ranges)
         self.last_outcome = out
         vector = torch.from_numpy(out.mean()).to(dtype).reshape(shape)
-        pipeline.previous = vector  # what pipeline(...) would have remembered
+        record_aggregate(pipeline, vector)  # what pipeline(...) would have remembered
 
         n = len(ids)
         up = np.array([out.bytes_up[c] for c in ids], dtype=np.float64)

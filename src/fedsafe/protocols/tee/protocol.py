@@ -41,6 +41,7 @@ from fedsafe.protocols.tee.numerics import (
     warn_if_unreliable,
 )
 from fedsafe.protocols.tee.wire import WireError, pack_parts
+from fedsafe.robust.pipeline import record_aggregate, spec_of
 
 # Aggregate.cost keys, all per round: seconds (…_seconds) and bytes (bytes_…).
 COST_KEYS = (
@@ -65,8 +66,8 @@ COST_KEYS = (
 
 
 def rule_params(pipeline: Any) -> dict[str, Any]:
-    """The rule's configured parameters (``RobustPipeline.rule_params``)."""
-    return dict(pipeline.rule_params)
+    """The rule's configured parameters (``RobustPipeline.spec.params``)."""
+    return dict(spec_of(pipeline).params)
 
 
 class TEEProtocol:
@@ -87,12 +88,17 @@ class TEEProtocol:
 
     # --- engine interface -----------------------------------------------------------------
 
+    def performs(self) -> tuple[str, ...]:
+        """The robust rules this protocol performs itself, in the pipeline's place: those that
+        select on pairwise distances or inner products (:func:`.rules.tee_rules`)."""
+        return tuple(rules.tee_rules())
+
     def check(self, pipeline: Any) -> None:
-        why = rules.refusal(pipeline.rule_name)
-        if why is not None:
-            raise ProtocolError(why)
-        if pipeline.pre:
-            names = ", ".join(p[0] for p in pipeline.pre)
+        spec = spec_of(pipeline)
+        if spec.rule not in self.performs():
+            raise ProtocolError(rules.refusal(spec.rule))
+        if spec.pre:
+            names = ", ".join(spec.pre)
             raise ProtocolError(
                 f"pre-aggregators ({names}) cannot run with protocol 'tee': they transform the "
                 "individual updates before the rule (NNM mixes them, bucketing averages them, "
@@ -101,7 +107,7 @@ class TEEProtocol:
                 "run them on plaintext. Set robust.pre = []"
             )
         try:
-            rules.check_params(pipeline.rule_name, rule_params(pipeline))
+            rules.check_params(spec.rule, dict(spec.params))
         except ValueError as e:
             raise ProtocolError(str(e)) from None
 
@@ -120,6 +126,7 @@ class TEEProtocol:
 
     def aggregate(self, messages: list[Message], pipeline: Any, ctx: RoundContext) -> Aggregate:
         self.check(pipeline)
+        spec = spec_of(pipeline)
         if not messages:
             raise ValueError("no messages to aggregate")
         d = messages[0].vector.numel()
@@ -156,12 +163,12 @@ class TEEProtocol:
 
             dec, arrays, _ = session.call(
                 session.enclave,
-                {"op": "decode", "round": ctx.round, "rule": pipeline.rule_name, "f": pipeline.f,
-                 "params": rule_params(pipeline)},
+                {"op": "decode", "round": ctx.round, "rule": spec.rule, "f": spec.f,
+                 "params": dict(spec.params)},
                 blobs=results,
             )
             vector = torch.from_numpy(arrays["aggregate"].copy())
-            pipeline.previous = vector
+            record_aggregate(pipeline, vector)  # what pipeline(...) would have remembered
             total = time.perf_counter() - t_round
 
             if dec["decode_error_estimate"] > RELIABLE and not self._warned:
