@@ -48,6 +48,20 @@ def test_pld_epsilon_for_delta_is_dp_accountings() -> None:
     assert accounting.pld_epsilon_for_delta(inf, 0.1) == math.inf == inf.get_epsilon_for_delta(0.1)
 
 
+def test_pmf_delta_is_dp_accountings_and_skips_the_dominated_direction(monkeypatch) -> None:
+    dist = sampled_gaussian(1.0, 0.1, 1e-2).self_compose(300)
+    for pmf in (dist._pmf_add, dist._pmf_remove):
+        for eps in (0.0, 0.37, 1.5, 4.0, 40.0):
+            ref = pmf.get_delta_for_epsilon(eps)
+            assert accounting._pmf_delta(pmf, eps) == pytest.approx(ref, rel=1e-9, abs=1e-15)
+    # the add direction is settled by its δ at the remove direction's ε: one scan, not two
+    scans = []
+    real = accounting._pmf_epsilon
+    monkeypatch.setattr(accounting, "_pmf_epsilon", lambda pmf, d: scans.append(pmf) or real(pmf, d))
+    assert accounting.pld_epsilon_for_delta(dist, 1e-5) == pytest.approx(dist.get_epsilon_for_delta(1e-5), rel=1e-12)
+    assert scans == [dist._pmf_remove]
+
+
 ROUNDS = [(1.0, 0.02), (1.3, 0.02), (1.0, 0.02), (1.3, 0.05), (1.0, 0.02)] * 6  # (z, q) per round
 
 

@@ -665,7 +665,21 @@ def pld_epsilon_for_delta(distribution: Any, delta: float) -> float:
     if isinstance(add, pld_pmf.DensePLDPmf) and add._infinity_mass <= delta:
         if (add._lower_loss + len(add._probs) - 1) * add._discretization <= eps:
             return eps  # the add direction's ε is at most its largest loss: no larger than eps
+        if _pmf_delta(add, eps) <= delta * (1 - 1e-9):
+            return eps  # δ_add(eps) ≤ δ, and δ_add only falls as ε grows: ε_add ≤ eps (one pass, no scan)
     return max(eps, _pmf_epsilon(add, delta))
+
+
+def _pmf_delta(pmf: Any, epsilon: float) -> float:
+    """The hockey-stick δ(ε) = Σ_{loss > ε} p·(1 − e^(ε − loss)) + P(∞) of a dense PMF: the
+    quantity :func:`_pmf_epsilon` inverts, in one vectorised pass over the losses above ε."""
+    h, lower, probs = pmf._discretization, pmf._lower_loss, pmf._probs
+    start = max(0, math.floor(epsilon / h) - lower + 1)  # the first index whose loss exceeds ε
+    p = probs[start:]
+    if p.size == 0:
+        return float(pmf._infinity_mass)
+    losses = (lower + start + np.arange(p.size)) * h
+    return float(pmf._infinity_mass + np.dot(p, -np.expm1(epsilon - losses)))
 
 
 # --------------------------------------------------------------------------- distributed rounds, outsider
