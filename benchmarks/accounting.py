@@ -78,13 +78,15 @@ def _config(placement: str, rounds: int):
     return validate(apply_overrides(raw, {}))
 
 
-def _baseline(interval: float, rounds: int, delta: float) -> tuple[float, float]:
-    """dp-accounting's PLDAccountant, ε after every round: (CPU seconds, final ε)."""
+def _baseline(cfg, interval: float) -> tuple[float, float]:
+    """dp-accounting's PLDAccountant on the run's round event, ε after every round: (CPU
+    seconds, final ε)."""
     import dp_accounting as dpa
     from dp_accounting import pld
 
+    rounds, delta = cfg.rounds, cfg.dp.delta
     acc = pld.PLDAccountant(value_discretization_interval=interval)
-    event = dpa.PoissonSampledDpEvent(0.1, dpa.GaussianDpEvent(1.0))
+    event = dpa.PoissonSampledDpEvent(cfg.clients.sample_rate, dpa.GaussianDpEvent(cfg.dp.noise_multiplier))
     t = time.process_time()
     eps = 0.0
     for _ in range(rounds):
@@ -126,7 +128,7 @@ def main() -> None:
         acc = next(p.accountant for p in fed.plugins if hasattr(p, "accountant"))
         interval = getattr(acc, "value_discretization_interval", None) if placement == "central" else None
         if interval:
-            base_cpu, base_eps = _baseline(interval, a.rounds, fed.cfg.dp.delta)
+            base_cpu, base_eps = _baseline(fed.cfg, interval)
             row.update(baseline_cpu_seconds=base_cpu, baseline_epsilon=base_eps,
                        x_baseline=base_cpu / max(clock.seconds, 1e-9), interval=interval)
             if abs(base_eps - row["epsilon"]) > 1e-9 * max(1.0, base_eps):

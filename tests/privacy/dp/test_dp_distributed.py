@@ -71,6 +71,7 @@ def server_reference(zs: dict[int, float], members: dict[int, set[int]]) -> floa
 
 
 def spy_members(fed: Federation) -> dict[int, set[int]]:
+    """Per round, the honest clients whose vectors the protocol put in the released sum."""
     members: dict[int, set[int]] = {}
     orig = fed.protocol.aggregate
 

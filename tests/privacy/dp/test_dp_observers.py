@@ -41,6 +41,9 @@ from fedsafe.engine.federation import Federation
 from fedsafe.engine.run import run_experiment
 from fedsafe.privacy.dp import accounting
 
+# per round, the honest clients whose vectors the protocol put in the released sum
+from test_dp_distributed import spy_members as spy_included  # noqa: E402  (this folder is on sys.path)
+
 DELTA = 1e-5
 NR = dpa.NeighboringRelation
 
@@ -214,21 +217,6 @@ def per_client_server_reference(z_by_round: dict[int, float], members: dict[int,
     for z in zs:
         acc.compose(dpa.GaussianDpEvent(z))
     return analytic_gaussian_epsilon(mu, DELTA), acc.get_epsilon(DELTA)
-
-
-def spy_included(fed: Federation) -> dict[int, set[int]]:
-    """Per round, the honest clients whose vectors the protocol put in the released sum."""
-    members: dict[int, set[int]] = {}
-    orig = fed.protocol.aggregate
-
-    def spy(messages, pipeline, ctx):
-        agg = orig(messages, pipeline, ctx)
-        honest = set(ctx.participants[: len(ctx.participants) - ctx.num_byzantine])
-        members[ctx.round] = honest & set(int(i) for i in agg.included)
-        return agg
-
-    fed.protocol.aggregate = spy
-    return members
 
 
 # --------------------------------------------------------------------------- the references themselves
