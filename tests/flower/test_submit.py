@@ -17,7 +17,7 @@ from fedsafe.flower import submit
 from fedsafe.flower.submit import SubmitError, submit_and_follow
 
 FAKE = r'''#!{python}
-import json, sys, time
+import json, os, sys, time
 from pathlib import Path
 state = Path({state!r})
 s = json.loads(state.read_text())
@@ -28,7 +28,10 @@ if args[0] == "run":
 elif args[0] == "ls":
     statuses = s["statuses"]
     status = statuses.pop(0) if len(statuses) > 1 else statuses[0]
-    state.write_text(json.dumps(s))
+    # atomically: `log` runs beside `ls` and must never read a half-written file
+    tmp = state.with_suffix(".tmp")
+    tmp.write_text(json.dumps(s))
+    os.replace(tmp, state)
     print(json.dumps({{"success": True, "runs": [{{"run-id": 7, "status": status}}]}}))
 elif args[0] == "log":
     for line in s["log"]:
