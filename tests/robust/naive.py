@@ -438,3 +438,21 @@ def clipped_clustering(x, f, linkage="average"):
     for i in keep:
         out = out + x[i] * (min(1.0, m / norms[i]) if norms[i] > 0 else 1.0)
     return out / len(keep)
+
+
+def rlr(x, f, threshold=None):
+    """Robust learning rate (Ozdayi et al.): per coordinate, +1 × the mean where the absolute
+    sum of the clients' signs (sign(0) = 0) is at least θ (default f + 1), −1 × it elsewhere."""
+    x = _np(x)
+    n, d = x.shape
+    theta = f + 1 if threshold is None else threshold
+    out = []
+    for j in range(d):
+        votes = 0
+        total = 0.0
+        for i in range(n):
+            v = x[i, j]
+            votes += 1 if v > 0 else (-1 if v < 0 else 0)
+            total += v
+        out.append((total / n) * (1.0 if abs(votes) >= theta else -1.0))
+    return np.array(out)
