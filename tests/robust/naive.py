@@ -456,3 +456,42 @@ def rlr(x, f, threshold=None):
             total += v
         out.append((total / n) * (1.0 if abs(votes) >= theta else -1.0))
     return np.array(out)
+
+
+def dct2_ortho(row: np.ndarray) -> np.ndarray:
+    """The orthonormal type-II DCT from its definition: X_k = s_k Σ_j x_j cos(π k (2j+1) / 2d),
+    s_0 = √(1/d), s_k = √(2/d)."""
+    d = len(row)
+    out = np.zeros(d)
+    for k in range(d):
+        s = 0.0
+        for j in range(d):
+            s += row[j] * math.cos(math.pi * k * (2 * j + 1) / (2 * d))
+        out[k] = s * math.sqrt((1.0 if k == 0 else 2.0) / d)
+    return out
+
+
+def freqfed(x, f, fraction=0.25):
+    """FreqFed (Fereidooni et al.): the first ⌈fraction·d⌉ DCT-II coefficients of each update,
+    HDBSCAN (min cluster ⌊n/2⌋+1, min_samples 1, one cluster allowed) on their cosine
+    distances, the mean of the largest cluster's updates (all of them if there is none)."""
+    import hdbscan
+
+    x = _np(x)
+    n, d = x.shape
+    k = max(1, math.ceil(fraction * d - 1e-9))
+    low = [dct2_ortho(r)[:k] for r in x]
+    dist = np.zeros((n, n))
+    for i in range(n):
+        for j in range(n):
+            if i != j:
+                dist[i, j] = cosine_distance(low[i], low[j])
+    labels = hdbscan.HDBSCAN(min_cluster_size=n // 2 + 1, min_samples=1, metric="precomputed",
+                             allow_single_cluster=True).fit_predict(dist)
+    sizes = {c: int((labels == c).sum()) for c in set(labels.tolist()) if c >= 0}
+    if sizes:
+        best = min(sizes, key=lambda c: (-sizes[c], c))
+        keep = [i for i in range(n) if labels[i] == best]
+    else:
+        keep = list(range(n))
+    return _mean_rows([x[i] for i in keep])

@@ -408,3 +408,4 @@ from fedsafe.robust import foolsgold as _foolsgold  # noqa: E402,F401  (register
 from fedsafe.robust import fltrust as _fltrust  # noqa: E402,F401  (registers fltrust)
 from fedsafe.robust import defences as _defences  # noqa: E402,F401  (registers mda, caf, smea, clipped_clustering)
 from fedsafe.robust import rlr as _rlr  # noqa: E402,F401  (registers rlr)
+from fedsafe.robust import freqfed as _freqfed  # noqa: E402,F401  (registers freqfed)
