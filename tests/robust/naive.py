@@ -495,3 +495,35 @@ def freqfed(x, f, fraction=0.25):
     else:
         keep = list(range(n))
     return _mean_rows([x[i] for i in keep])
+
+
+def bfgs_matrix(s_rows, y_rows) -> np.ndarray:
+    """The BFGS Hessian approximation from its recursion, as a d × d matrix: B₀ = σI with
+    σ = y_Nᵀs_N / s_Nᵀs_N (the newest pair), then for each pair, oldest first,
+    B ← B − B s sᵀ B / (sᵀ B s) + y yᵀ / (yᵀ s)."""
+    s_rows, y_rows = _np(s_rows), _np(y_rows)
+    d = s_rows.shape[1]
+    sigma = float(y_rows[-1] @ s_rows[-1]) / float(s_rows[-1] @ s_rows[-1])
+    b = sigma * np.eye(d)
+    for s, y in zip(s_rows, y_rows):
+        bs = b @ s
+        b = b - np.outer(bs, bs) / float(s @ bs) + np.outer(y, y) / float(y @ s)
+    return b
+
+
+def kmeans_1d_sse(values, k) -> float:
+    """The least within-cluster sum of squares of 1-D ``values`` in k clusters, by trying every
+    split of the sorted values into k runs."""
+    import itertools
+
+    v = sorted(float(a) for a in values)
+    n = len(v)
+    best = math.inf
+    for cuts in itertools.combinations(range(1, n), k - 1):
+        bounds = (0, *cuts, n)
+        sse = 0.0
+        for a, b in zip(bounds, bounds[1:]):
+            m = sum(v[a:b]) / (b - a)
+            sse += sum((t - m) ** 2 for t in v[a:b])
+        best = min(best, sse)
+    return best
