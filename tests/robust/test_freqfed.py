@@ -131,3 +131,13 @@ def test_freqfed_through_the_engine():
     a = Experiment(raw, robust={"rule": "freqfed"}).run()
     b = Experiment(raw, robust={"rule": "freqfed"}).run()
     assert a.summary["final_accuracy"] == b.summary["final_accuracy"] and a.summary["final_accuracy"] > 0.1
+
+
+def test_float32_updates_are_transformed_in_float32():
+    x = _updates(9).to(torch.float32)
+    low = low_frequencies(x, 0.25)
+    assert low.dtype == np.float32
+    np.testing.assert_allclose(low, low_frequencies(x.to(torch.float64), 0.25), rtol=1e-4, atol=1e-5)
+    got = AGGREGATORS.get("freqfed")(x, f=4)
+    assert got.dtype == torch.float32
+    np.testing.assert_allclose(got.numpy(), naive.freqfed(x, 4, 0.25), rtol=1e-5, atol=1e-6)

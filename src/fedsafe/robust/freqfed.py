@@ -14,27 +14,29 @@ from fedsafe.robust.aggregators import AGGREGATORS
 from fedsafe.robust.flame import admitted
 from fedsafe.robust.rows import average_rows, check_matrix, require
 
-# float64 elements of one block of rows transformed at a time (64 MiB), so a large model's n
-# transforms never sit in memory together
+# elements of one block of rows transformed at a time (64 MiB of float64), so a large model's
+# n transforms never sit in memory together
 _BLOCK_ELEMENTS = 1 << 23
 
 
 def low_frequencies(updates: Tensor, fraction: float = 0.25) -> np.ndarray:
-    """The first ``K = ⌈fraction · d⌉`` coefficients (n, K), float64, of each update's
-    orthonormal type-II DCT, ``X_k = s_k Σ_j x_j cos(π k (2j + 1) / (2d))`` with
-    ``s_0 = √(1/d)``, ``s_k = √(2/d)`` (``scipy.fft.dct(type=2, norm="ortho")``), over the
-    update flattened to one vector of d coordinates. Rows are transformed in blocks of at most
-    64 MiB of float64."""
+    """The first ``K = ⌈fraction · d⌉`` coefficients (n, K) of each update's orthonormal
+    type-II DCT, ``X_k = s_k Σ_j x_j cos(π k (2j + 1) / (2d))`` with ``s_0 = √(1/d)``,
+    ``s_k = √(2/d)`` (``scipy.fft.dct(type=2, norm="ortho")``), over the update flattened to
+    one vector of d coordinates. Float32 updates are transformed in float32 (about three times
+    faster than float64 at d = 10⁶; the clustering then works on the coefficients in float64),
+    every other dtype in float64. Rows are transformed in blocks of at most 2²³ elements."""
     n, d = updates.shape
     k = max(1, math.ceil(fraction * d - 1e-9))
     import scipy.fft
 
     x = updates.detach().to("cpu")
-    out = np.empty((n, k), dtype=np.float64)
+    dtype = torch.float32 if x.dtype == torch.float32 else torch.float64
+    out = np.empty((n, k), dtype=np.float32 if dtype == torch.float32 else np.float64)
     rows = max(1, _BLOCK_ELEMENTS // max(d, 1))
     workers = max(1, torch.get_num_threads())
     for a in range(0, n, rows):
-        block = x[a : a + rows].to(torch.float64).numpy()
+        block = x[a : a + rows].to(dtype).numpy()
         out[a : a + rows] = scipy.fft.dct(block, type=2, norm="ortho", axis=1, workers=workers)[:, :k]
     return out
 
@@ -68,5 +70,5 @@ def freqfed(updates: Tensor, *, f: int, fraction: float = 0.25) -> Tensor:
         import hdbscan  # noqa: F401
     except ImportError:
         raise ValueError("freqfed: needs the hdbscan package: pip install 'fedsafe[robust]'") from None
-    keep = admitted(torch.from_numpy(low_frequencies(updates, float(fraction))))
+    keep = admitted(torch.from_numpy(low_frequencies(updates, float(fraction))).to(torch.float64))
     return average_rows(updates, torch.from_numpy(keep))
