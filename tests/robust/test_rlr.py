@@ -119,3 +119,17 @@ def test_rlr_through_the_engine():
     a = Experiment(raw, robust={"rule": "rlr"}).run()
     b = Experiment(raw, robust={"rule": "rlr"}).run()
     assert a.summary["final_accuracy"] == b.summary["final_accuracy"] and a.summary["final_accuracy"] > 0.1
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("kernel", [True, False])
+def test_kernel_and_torch_paths_against_naive(monkeypatch, dtype, kernel):
+    # the numba kernel (one read, float64 sums, int32 votes) and the torch fallback, with
+    # several kernel blocks and a ragged last one
+    monkeypatch.setattr(rlr_module, "_MIN_KERNEL_SIZE", 0 if kernel else 1 << 62)
+    monkeypatch.setattr(rlr_module, "_KERNEL_BLOCK", 16)
+    x = _data(6, 9, 203, dtype)
+    got = AGGREGATORS.get("rlr", {"threshold": 3})(x, f=1)
+    assert got.dtype == dtype
+    tol = 1e-12 if dtype == torch.float64 else 1e-6
+    np.testing.assert_allclose(got.numpy(), naive.rlr(x, 1, 3), rtol=tol, atol=tol)

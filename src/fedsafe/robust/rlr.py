@@ -4,14 +4,45 @@ mean only where enough clients agree on its sign, and against it elsewhere."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from fedsafe.robust.aggregators import AGGREGATORS
 from fedsafe.robust.rows import check_matrix, require
+from fedsafe.robust.selection import kernel_eligible, njit, run_chunks, split_range
 
-# columns per block: n rows of this many float32 columns stay in cache while their signs are summed
+# columns per block of the torch path: n rows of this many float32 columns stay in cache
 _BLOCK = 1 << 14
+# columns of the kernel's float64 sums and int32 votes (stay in L1 while the rows stream by)
+_KERNEL_BLOCK = 1024
+# the kernel below this many entries (n·d): torch is as fast
+_MIN_KERNEL_SIZE = 1 << 16
+_MIN_COLUMNS_PER_THREAD = 16384
+
+if njit is not None:
+
+    @njit(cache=True, nogil=True)
+    def _rlr_columns(x, theta, block, c0, c1, out):  # pragma: no cover - compiled
+        """out[c0:c1] = ±(column means), + where |Σ_i sign(x_ij)| ≥ θ: one read of the rows,
+        sums in float64, each row added in order."""
+        n = x.shape[0]
+        acc = np.zeros(block, dtype=np.float64)
+        votes = np.zeros(block, dtype=np.int32)
+        for a in range(c0, c1, block):
+            b = min(a + block, c1)
+            w = b - a
+            acc[:w] = 0.0
+            votes[:w] = 0
+            for i in range(n):
+                row = x[i, a:b]
+                for j in range(w):
+                    v = row[j]
+                    acc[j] += v
+                    votes[j] += (v > 0) - (v < 0)
+            for j in range(w):
+                m = acc[j] / n
+                out[a + j] = m if abs(votes[j]) >= theta else -m
 
 
 def sign_sums(updates: Tensor) -> Tensor:
@@ -52,8 +83,8 @@ def rlr(updates: Tensor, *, f: int, threshold: int | None = None) -> Tensor:
     (the reference reads 0 as "RLR off", the same result); the learning rate's magnitude is
     ``server.lr`` and only its sign is the rule's; the reference's optional server noise and
     client clipping are not part of the rule (fedsafe's DP and pre-aggregators provide them).
-    Cost: one pass over the updates, in blocks of columns that stay in cache (mean, sign sums,
-    sign choice per block)."""
+    Cost: one read of the updates (a numba kernel over column blocks: float64 sums and int32
+    sign votes, each column's mean rounded once; torch per block of columns without numba)."""
     n = check_matrix(updates, "rlr")
     require("rlr", n, f, True, "f >= 0")
     if threshold is None:
@@ -65,7 +96,14 @@ def rlr(updates: Tensor, *, f: int, threshold: int | None = None) -> Tensor:
     require("rlr", n, f, theta <= n, f"threshold <= n (threshold = {theta}{', the default f + 1' if threshold is None else ''})")
     if theta == 0:
         return updates.mean(dim=0)
-    # per block of columns (in cache): the mean, the sign sums, and the mean or its negation
+    if kernel_eligible(updates, _MIN_KERNEL_SIZE):
+        x = updates.detach().resolve_neg().contiguous().numpy()
+        d = x.shape[1]
+        out = np.empty(d, dtype=x.dtype)
+        bounds, threads = split_range(d, _KERNEL_BLOCK, _MIN_COLUMNS_PER_THREAD)
+        run_chunks(lambda t: _rlr_columns(x, theta, _KERNEL_BLOCK, bounds[t], bounds[t + 1], out), len(bounds) - 1, threads)
+        return torch.from_numpy(out)
+    # torch: per block of columns (in cache), the mean, the sign sums, the mean or its negation
     d = updates.shape[1]
     out = torch.empty(d, dtype=updates.dtype, device=updates.device)
     for a in range(0, d, _BLOCK):
