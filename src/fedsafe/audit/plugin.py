@@ -17,14 +17,14 @@ from torch import Tensor
 
 from fedsafe.audit.config import AuditConfig
 from fedsafe.audit.observer import CanaryAudit
-from fedsafe.core.plugins import Plugin, RoundHost
+from fedsafe.core.plugins import Observer, RoundHost, ServerTransform
 from fedsafe.core.types import Aggregate, Message, RoundContext
 
 
-class AuditPlugin(Plugin):
+class AuditPlugin(ServerTransform, Observer):
     name = "audit"
 
-    def __init__(self, cfg: AuditConfig, *, seed: int, rounds: int, num_clients: int, dp: Plugin,
+    def __init__(self, cfg: AuditConfig, *, seed: int, rounds: int, num_clients: int, dp: Any,
                  initial: Tensor) -> None:
         """``dp`` is the run's DP plugin: canaries are scaled to its current clip norm
         (``dp.clip``, which adaptive clipping moves) and the analytic ε uses its ``plan.z``."""

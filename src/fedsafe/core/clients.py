@@ -3,8 +3,7 @@
 The engine's ``ClientWork`` (``fedsafe.engine.clients``) holds what every algorithm shares —
 the config's ``[clients]`` section, the execution backend (per-client minibatch gradients),
 the federated data and seeded minibatches (``work.batch(round, step, ids, poison)``),
-each client's local step count (``work.steps``) and, for zeroth-order clients, the BAFFLE
-settings (``work.zo``, ``work.zo_settings``) — and hands the algorithm-specific parts to the
+each client's local step count (``work.steps``) and the ``[zo]`` section (``work.zo``) — and hands the algorithm-specific parts to the
 :class:`ClientAlgorithm` registered for the configuration:
 
 ``run``               the honest clients' messages (``LocalResult``: updates, losses, momentum)
@@ -12,6 +11,14 @@ settings (``work.zo``, ``work.zo_settings``) — and hands the algorithm-specifi
 ``decode``            the aggregate -> a parameter-space descent direction for the server
 ``server_optimizer``  the server step the direction goes to (wraps the configured one or not)
 ``keeps_momentum``    whether the engine keeps a momentum row per client between rounds
+``setup``             once, with the client work: the algorithm's own settings (BAFFLE's, from ``[zo]``)
+``shared_state`` / ``load_shared_state``
+                      what a copy of the algorithm in another process (a Ray task) needs from
+                      the driver's: state a plugin gave it (the inherent row's σ²)
+``remote_settings`` / ``load_remote_settings``
+                      the numbers of that state a remote client (a Flower node) receives each round
+
+The algorithm owns its settings and state; the client work only holds what all of them share.
 
 :data:`CLIENT_ALGORITHMS` is keyed by :func:`algorithm_key`: ``clients.algorithm`` for
 backpropagation clients, with ``:zeroth_order`` appended for BAFFLE's forward-only ones. The
@@ -63,6 +70,27 @@ class ClientAlgorithm:
 
     def server_optimizer(self, work: Any, inner: Any) -> Any:
         return inner
+
+    def setup(self, work: Any) -> None:
+        """Called once by the client work that runs this algorithm, before any round; raises
+        ``ValueError`` for settings it cannot run with."""
+        return None
+
+    def shared_state(self) -> Any:
+        """What a copy of this algorithm in another process needs from this one (picklable)."""
+        return None
+
+    def load_shared_state(self, state: Any) -> None:
+        return None
+
+    def remote_settings(self) -> dict[str, float]:
+        """What a remote client (a Flower node) receives each round, as numbers."""
+        return {}
+
+    def load_remote_settings(self, settings: Any, *, experiment: Any, source: Any) -> None:
+        """On a remote client: :meth:`remote_settings` as received (``settings``: a mapping that
+        may hold other keys), with the node's ``experiment`` config and noise ``source``."""
+        return None
 
 
 def algorithm_key(algorithm: str, gradient: str = "backprop") -> str:

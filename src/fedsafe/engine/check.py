@@ -454,11 +454,10 @@ def setup_problems(cfg: ExperimentConfig, replaced: set[str] = frozenset(), data
         backend = make_backend("serial", model, ParamLayout.from_model(model))
     if pipeline is not None and pipeline.uses_server_update and dataset is not None and backend is not None \
             and not skip("clients", "zo"):
-        from fedsafe.engine.root import RootUpdate
-        from fedsafe.robust.aggregators import AGGREGATORS
+        from fedsafe.engine.clients import ClientWork
 
-        default = AGGREGATORS.entry(cfg.robust.rule).params["root_size"].default
-        attempt(lambda: RootUpdate(cfg.clients, backend, dataset, seed, cfg.robust.params.get("root_size", default), zo=cfg.zo),
+        attempt(lambda: pipeline.attach_server_data(
+                    dataset, seed, lambda root, root_seed: ClientWork(cfg.clients, backend, root, root_seed, zo=cfg.zo)),
                 lambda e: [str(e)], ValueError)
 
     protocol_keys = ("protocol", cfg.protocol, *(("attack",) if cfg.protocol == "he" else ()))
@@ -527,13 +526,9 @@ def _message_dim(cfg: ExperimentConfig, model: Any, dataset: Any, backend: Any) 
     from fedsafe.core.clients import CLIENT_ALGORITHMS, algorithm_key
 
     work = SimpleNamespace(cfg=cfg.clients, zo=cfg.zo)
-    if cfg.clients.gradient == "zeroth_order":
-        from fedsafe.zo import ZOSettings
-
-        z = cfg.zo
-        work.zo_settings = ZOSettings(z.k, z.sigma, z.scheme, z.chunk, z.decode_chunk)
     try:
         algorithm = CLIENT_ALGORITHMS.entry(algorithm_key(cfg.clients.algorithm, cfg.clients.gradient)).impl()
+        algorithm.setup(work)  # its own settings (zeroth-order: BAFFLE's, from [zo])
         return int(algorithm.message_dim(work, d))
     except AttributeError:  # an algorithm that needs more of its client work than this stand-in
         return None

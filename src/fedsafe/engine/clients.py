@@ -2,7 +2,7 @@
 
 :class:`ClientWork` holds what every client algorithm shares — the ``[clients]`` settings, the
 backend (per-client minibatch gradients, serial or vectorized), the data, seeded minibatches,
-each client's local step count and the zeroth-order settings — and delegates the rest to the
+each client's local step count and the ``[zo]`` section — and delegates the rest to the
 algorithm registered for the configuration (``fedsafe.core.clients.CLIENT_ALGORITHMS``):
 ``dsgd`` and ``fedavg`` (:mod:`fedsafe.engine.algorithms`), their zeroth-order variants
 (:mod:`fedsafe.zo.algorithms`: FedSGD uploads M loss differences, FedAvg takes forward-only
@@ -24,12 +24,7 @@ import torch
 from torch import Tensor
 
 from fedsafe.config import ClientsConfig
-from fedsafe.core.clients import (
-    CLIENT_ALGORITHMS,
-    ZEROTH_ORDER,
-    LocalResult,
-    algorithm_key,
-)
+from fedsafe.core.clients import CLIENT_ALGORITHMS, LocalResult, algorithm_key
 from fedsafe.core.streams import counter_base, counter_uniform
 from fedsafe.data import FederatedDataset
 
@@ -190,18 +185,12 @@ class ClientWork:
 
     def __init__(self, cfg: ClientsConfig, backend, data: FederatedDataset, seed: int, zo=None) -> None:
         self.cfg = cfg
-        self.zo = zo  # ZOConfig when cfg.gradient = "zeroth_order"
-        if cfg.gradient == ZEROTH_ORDER:
-            from fedsafe.zo import ZOSettings
-
-            if zo is None:
-                raise ValueError("clients.gradient = 'zeroth_order' needs the [zo] settings")
-            self.zo_settings = ZOSettings(zo.k, zo.sigma, zo.scheme, zo.chunk, zo.decode_chunk)
-        self.inherent = None  # (InherentConfig, sigma², RandomSource), set by the inherent plugin
+        self.zo = zo  # the [zo] section, read by the zeroth-order algorithms
         self.backend = backend
         self.data = data
         self.seed = seed
         self.algorithm = CLIENT_ALGORITHMS.entry(algorithm_key(cfg.algorithm, cfg.gradient)).impl()
+        self.algorithm.setup(self)  # its own settings (zeroth-order: BAFFLE's, from [zo])
         self._flat = flatten_indices(data.client_indices)
         sizes = self._flat.sizes
         if cfg.algorithm == "fedavg":

@@ -19,7 +19,7 @@ from torch.func import functional_call
 
 from fedsafe.config import ExperimentConfig, uses_privacy_noise
 from fedsafe.core.errors import CheckpointError, ConfigError, DivergedError, RequirementError
-from fedsafe.core.plugins import Plugin, make_plugins
+from fedsafe.core.plugins import RoundPlugin, implementing, make_plugins
 from fedsafe.core.protocol import ProtocolError, make_protocol
 from fedsafe.core.randomness import RandomSource, privacy_stamp
 from fedsafe.core.streams import torch_stream
@@ -28,6 +28,7 @@ from fedsafe.data import FederatedDataset, load_federated
 from fedsafe.engine.backends import LossFn, describe, make_backend
 from fedsafe.engine.clients import ClientWork
 from fedsafe.engine.metrics import MetricsWriter, summarize
+from fedsafe.engine.round import aggregate_and_step, end_round, plugin_summary, release_empty, resolve_plan
 from fedsafe.engine.sampling import byzantine_ids, sample_clients
 from fedsafe.engine.server_optimizer import ServerAdam, ServerSGD
 from fedsafe.engine.state import (
@@ -105,7 +106,7 @@ class Federation:
         cfg: ExperimentConfig,
         *,
         out_dir: Path | None = None,
-        plugins: Sequence[Plugin] = (),
+        plugins: Sequence[RoundPlugin] = (),
         data: FederatedDataset | None = None,
         model: torch.nn.Module | None = None,
         loss: LossFn | None = None,
@@ -161,18 +162,12 @@ class Federation:
             )
         except ValueError as e:
             raise ConfigError([f"robust: {e}"]) from None
-        self.root = None  # the server's own update on a root dataset, for rules that take it (FLTrust)
-        if self.pipeline.uses_server_update:
-            from fedsafe.engine.root import RootUpdate
-            from fedsafe.robust.aggregators import AGGREGATORS
-
-            default = AGGREGATORS.entry(cfg.robust.rule).params["root_size"].default
-            try:
-                self.root = RootUpdate(
-                    cfg.clients, self.backend, self.data, seed, cfg.robust.params.get("root_size", default), zo=cfg.zo
-                )
-            except ValueError as e:
-                raise ConfigError([str(e)]) from None
+        try:  # a rule that computes on the server's own data (FLTrust's root dataset) gets it now
+            self.pipeline.attach_server_data(
+                self.data, seed, lambda root, root_seed: ClientWork(cfg.clients, self.backend, root, root_seed, zo=cfg.zo)
+            )
+        except ValueError as e:
+            raise ConfigError([str(e)]) from None
         self.protocol = make_protocol(cfg) if protocol is None else protocol
         try:
             self.protocol.check(self.pipeline)
@@ -212,29 +207,53 @@ class Federation:
             momentum = params.new_zeros((cfg.clients.num_clients, params.numel()))
         self.state = FederationState(round=0, params=params, momentum=momentum)
         dim = self.work.message_dim(params.numel())
-        for p in self.plugins:
+        for p in implementing(self.plugins, "message_dim"):
             dim = p.message_dim(dim)
         self.message_dim = dim
         bind = getattr(self.protocol, "bind_plugins", None)
         if bind is not None:  # secagg sizes its encoding ranges from what DP declares of the messages
             bind(self.plugins)
         self._preflight_protocol(dim)
+        # what each round runs, resolved once (fedsafe.engine.round): shared with the Flower strategy
+        self.plan = resolve_plan(
+            self.protocol, self.pipeline, self.plugins, self.work.decode,
+            clients_remote=bool(getattr(self.work, "remote_clients", False)),
+            skip_on=(ProtocolError, RequirementError) if cfg.clients.sampling == "poisson" else (ProtocolError,),
+        )
         self.ema = None
         if cfg.server.ema is not None:
             from fedsafe.engine.ema import EMA
 
             self.ema = EMA(cfg.server.ema, warmup=True, params=params)
 
-    def _make_plugins(self, extra: Sequence[Plugin]) -> list[Plugin]:
+    def _make_plugins(self, extra: Sequence[RoundPlugin]) -> list[RoundPlugin]:
         """Every registered round plugin this config enables (``ROUND_PLUGINS``, in registration
         order), then ``extra``; each is handed the client work before the first round."""
         made = make_plugins(
             self.cfg, self.source, flatten_params(self.model), tuple(len(ix) for ix in self.data.client_indices)
         )
         plugins = [*made, *extra]
-        for p in plugins:
+        for p in implementing(plugins, "configure_clients"):
             p.configure_clients(self.work)
         return plugins
+
+    @property
+    def protocol(self) -> Any:
+        """The protocol the rounds aggregate with (``make_protocol(cfg)``, or the one passed)."""
+        return self._protocol
+
+    @protocol.setter
+    def protocol(self, protocol: Any) -> None:
+        # a protocol swapped in after set-up (tests wire one in directly) is the one the rounds run
+        self._protocol = protocol
+        if getattr(self, "plan", None) is not None:
+            self.plan = self.plan.with_protocol(protocol)
+
+    @property
+    def root(self) -> Any:
+        """The server's root-dataset update of a rule that takes ``server_update`` (FLTrust), which
+        the robust pipeline owns (:mod:`fedsafe.robust.root`); None for other rules."""
+        return self.pipeline.root
 
     # --- set-up checks --------------------------------------------------------------------
 
@@ -285,17 +304,9 @@ class Federation:
         try:
             if self.ema is not None:
                 self.ema.load_state_dict(state.extra["_ema"])
-            if self.pipeline.uses_history:
-                history = {int(k): v for k, v in state.extra.get("_history", {}).items()}
-                bad = [k for k, v in history.items() if not 0 <= k < self.cfg.clients.num_clients or tuple(v.shape) != (self.message_dim,)]
-                if bad:
-                    raise ValueError(f"client histories of clients {bad[:4]} do not fit this run")
-                self.pipeline.history = history
-            if self.root is not None:
-                momentum = state.extra.get("_root", {}).get("momentum")
-                if momentum is not None and tuple(momentum.shape) != (1, d):
-                    raise ValueError(f"the root dataset's momentum has shape {tuple(momentum.shape)}, expected (1, {d})")
-                self.root.load_state_dict({"momentum": momentum})
+            self.pipeline.load_state_dict(
+                state.extra, dim=self.message_dim, params=d, num_clients=self.cfg.clients.num_clients
+            )
             for p in self.plugins:
                 p.load_state_dict(state.extra.get(p.name, {}))
         except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as e:
@@ -358,12 +369,9 @@ class Federation:
         skip = None
         if len(honest) == 0:
             skip = "no honest client sampled"
-            if len(byz) == 0:
-                ctx = RoundContext(t, cfg.seed, (), 0)
-                released = [v for p in self.plugins if (v := p.empty_aggregate(ctx, d)) is not None]
-                if released:  # e.g. DP: an empty sample still releases noise
-                    self._step(self.work.decode(released[0], t))
-                    skip = None
+            # e.g. DP: an empty sample still releases noise
+            if len(byz) == 0 and release_empty(self.plan, RoundContext(t, cfg.seed, (), 0), d, self._step):
+                skip = None
         else:
             ctx = RoundContext(t, cfg.seed, tuple(map(int, honest)) + tuple(map(int, byz)), len(byz))
             try:
@@ -391,8 +399,7 @@ class Federation:
                 row["attack_success_rate"] = self.attack_success_rate()
         else:
             row["test_loss"] = row["test_accuracy"] = None
-        for p in self.plugins:
-            row.update(p.on_round_end(self, row))
+        end_round(self.plan, self, row)
         row["seconds"] = time.perf_counter() - t0
         self.rows.append(row)
         self.metrics.write(row)
@@ -403,57 +410,34 @@ class Federation:
             st.extra = {p.name: p.state_dict() for p in self.plugins}
             if self.ema is not None:
                 st.extra["_ema"] = self.ema.state_dict()
-            if self.root is not None:
-                st.extra["_root"] = self.root.state_dict()
-            if self.pipeline.uses_history:
-                st.extra["_history"] = {str(k): v for k, v in self.pipeline.history.items()}
+            st.extra.update(self.pipeline.state_dict())  # the rule's own state (FLTrust's root, FoolsGold's histories)
             save_checkpoint(st, self.out_dir, run_identity(cfg))
         return row
 
     def _aggregate_and_step(self, ctx: RoundContext, honest: np.ndarray, byz: np.ndarray, row: dict[str, Any]) -> None:
+        """The honest clients' local work, then the round's stages (fedsafe.engine.round)."""
         st, t = self.state, ctx.round
         t_work = time.perf_counter()
         res = self.work.run(t, st.params, honest, self._momentum(honest))
         row["client_work_seconds"] = time.perf_counter() - t_work
         self._set_momentum(honest, res.momentum)
-        if self.root is not None:  # before any aggregation, the attackers' included
-            self.pipeline.server_update = self.root.update(t, st.params)
-        updates, losses = res.updates, res.losses
+        updates, losses, reports = res.updates, res.losses, res.reports
         if res.survivors is not None:
             row["dropouts"] = int((~res.survivors).sum())
             keep = torch.from_numpy(res.survivors)
             honest, updates, losses = honest[res.survivors], updates[keep], losses[keep]
+            if reports is not None:
+                reports = [r for r, ok in zip(reports, res.survivors) if ok]
             if len(honest) == 0:
                 raise _Skip("every honest client dropped out")
         row["train_loss"] = float(losses.mean())
-        if getattr(self.work, "remote_clients", False):  # the clients transformed their own rows
-            reports = res.reports if res.reports is not None else [{} for _ in honest]
-            if res.survivors is not None:
-                reports = [r for r, ok in zip(reports, res.survivors) if ok]
-            for p in self.plugins:
-                p.observe_honest(ctx, honest, reports)
-        else:
-            for p in self.plugins:
-                updates = p.transform_honest(updates, ctx, honest)
-        messages = Messages(honest, updates)  # no copy: the rows of the client work's output
-        if len(byz):
-            byz_updates = self._byzantine_updates(t, updates, honest, byz, len(ctx.participants))
-            messages = messages + Messages(byz, byz_updates)
-        for p in self.plugins:
-            messages = messages + p.extra_messages(ctx, updates.shape[1])
-        if self.protocol.reveals_messages:
-            for p in self.plugins:
-                messages = p.transform_messages(messages, ctx)
-        agg = self.protocol.aggregate(messages, self.pipeline, ctx)
-        row.update(agg.cost)
-        row.update(agg.metrics)
-        vector = agg.vector
-        for p in self.plugins:
-            vector = p.transform_aggregate(vector, ctx, agg)
-        direction = self.work.decode(vector, t)
-        if not bool(torch.isfinite(direction).all()):
-            raise _Skip("non-finite aggregate")
-        self._step(direction)
+        n = len(ctx.participants)
+        skip = aggregate_and_step(
+            self.plan, ctx, honest, updates, row, self._step, params=st.params, reports=reports,
+            byzantine=(lambda u: Messages(byz, self._byzantine_updates(t, u, honest, byz, n))) if len(byz) else None,
+        )
+        if skip is not None:
+            raise _Skip(skip)
         st.previous = self.pipeline.previous
 
     def _step(self, direction: Tensor) -> None:
@@ -560,8 +544,7 @@ class Federation:
 
     def summary(self) -> dict[str, Any]:
         extra: dict[str, Any] = privacy_stamp(self.private, self.source)
-        for p in self.plugins:
-            extra.update(p.summary(self))
+        extra.update(plugin_summary(self.plan, self))
         return summarize(
             self.rows,
             name=self.cfg.name,

@@ -78,7 +78,7 @@ def _client_task(
     ids: np.ndarray,
     momentum: Tensor | None,
     poison: Any,
-    inherent: tuple[Any, float, Any] | None,
+    shared: Any,
     faults: dict[str, list[list[int]]],
     threads: int,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -89,7 +89,7 @@ def _client_task(
     if any(r == round_ and int(c) in mine for r, c in faults["hang"]):
         time.sleep(_HANG_SECONDS)  # fault injection: the task hangs
     work = _worker_work(cfg_toml, data_box)
-    work.inherent = inherent  # (InherentConfig, σ², RandomSource) fixed by the driver for algorithm = "inherent"
+    work.algorithm.load_shared_state(shared)  # what the driver's algorithm was given (inherent: σ²)
     res = work.run(round_, params, ids, momentum, poison)
     return res.updates, res.losses, res.momentum
 
@@ -192,7 +192,7 @@ class RayClientWork(ClientWork):
                 k, rows = queue.pop(0)
                 mom = None if momentum is None else momentum[torch.from_numpy(rows)]
                 ref = self._task.remote(
-                    self._cfg_toml, self._data_box, round_, params_ref, ids[rows], mom, poison, self.inherent, faults,
+                    self._cfg_toml, self._data_box, round_, params_ref, ids[rows], mom, poison, self.algorithm.shared_state(), faults,
                     threads,
                 )
                 pending[ref] = (k, float("inf") if timeout is None else time.monotonic() + timeout)

@@ -196,8 +196,7 @@ def client_app(
         if choice is not None and choice not in NOISE_SEEDS:
             raise FlowerError(f"run config fedsafe-noise-seed = {choice!r}: valid: {', '.join(NOISE_SEEDS)}")
         source = noise_source(choice, node.cfg)
-        if "inherent_sigma2" in conf:
-            node.work.inherent = (node.cfg.inherent, float(conf["inherent_sigma2"]), source)
+        node.work.algorithm.load_remote_settings(conf, experiment=node.cfg, source=source)
         ids = np.array([cid])
         res = node.work.run(t, params, ids, momentum, node.poison if poisoned else None)
         update = res.updates

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from fedsafe.core.clients import LocalResult
+from fedsafe.core.plugins import implementing
 from fedsafe.engine.clients import ClientWork
 from fedsafe.flower.records import (
     CONF,
@@ -212,10 +213,9 @@ class FlowerClientWork(ClientWork):
 
         self.nodes.refresh()
         state: dict[str, Any] = {}
-        for p in self.plugins:
+        for p in implementing(self.plugins, "client_state"):
             state.update({f"{p.name}.{k}": float(v) for k, v in p.client_state().items()})
-        if self.inherent is not None:
-            state["inherent_sigma2"] = float(self.inherent[1])
+        state.update(self.algorithm.remote_settings())  # the algorithm's own (inherent: σ²)
         contents = {}
         for row, cid in enumerate(map(int, ids)):
             if cid not in self.nodes.node_of:
@@ -229,7 +229,7 @@ class FlowerClientWork(ClientWork):
             contents[cid] = RecordDict({PARAMS: array_record(params=params, momentum=mom), CONF: conf})
         replies = self.nodes.send(TRAIN, contents, group=str(round_))
         d, width = params.numel(), self.message_dim(params.numel())
-        for p in self.plugins:  # after the client-side transforms (DP's adaptive bit)
+        for p in implementing(self.plugins, "message_dim"):  # after the client-side transforms (DP's adaptive bit)
             width = p.message_dim(width)
         updates = params.new_zeros((len(ids), width))
         losses = params.new_full((len(ids),), float("nan"))

@@ -35,7 +35,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -115,6 +114,7 @@ class FedsafeStrategy(_flwr_fedavg()):  # type: ignore[misc]
         self.population: list[int] | None = None
         self.plugins: list[Any] | None = None
         self._pipeline: Any = None
+        self.plan: Any = None  # the round (fedsafe.engine.round.RoundPlan), resolved at the first round
         self._round: dict[str, Any] = {}
         self._buf = None
 
@@ -146,7 +146,9 @@ class FedsafeStrategy(_flwr_fedavg()):  # type: ignore[misc]
         """On the first round: the population (the first ``num_clients`` nodes by id) and the
         server's pipeline and round plugins."""
         from fedsafe.core.plugins import make_plugins
+        from fedsafe.core.protocol import PlainProtocol, ProtocolError
         from fedsafe.core.randomness import RandomSource
+        from fedsafe.engine.round import resolve_plan
         from fedsafe.robust.pipeline import RobustPipeline
 
         cfg, n = self.cfg, self.cfg.clients.num_clients
@@ -167,10 +169,19 @@ class FedsafeStrategy(_flwr_fedavg()):  # type: ignore[misc]
         # DP noise and, under DP, the client sample: from a secret unless the config is seeded
         self.source = RandomSource.for_run(cfg.seed, cfg.secure_randomness)
         self.plugins = make_plugins(cfg, self.source, flat, (1,) * n)
+        d = flat.numel()
+        # the engine's round (fedsafe.engine.round), resolved once: the server sees every reply
+        # (plain protocol); under local or distributed DP the clients' dp_mod ran the client side
+        self.plan = resolve_plan(
+            PlainProtocol(), self._pipeline, self.plugins, lambda vector, t: -vector[:d],
+            clients_remote=cfg.dp.enabled and cfg.dp.placement in CLIENT_SIDE, record_cost=False,
+            skip_on=(ProtocolError, ValueError),
+        )
 
     def configure_train(self, server_round: int, arrays: Any, config: Any, grid: Any) -> Iterable[Any]:
         from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 
+        from fedsafe.core.plugins import implementing
         from fedsafe.engine.sampling import sample_clients
 
         flat, layout = flatten_arrays(arrays)
@@ -183,7 +194,7 @@ class FedsafeStrategy(_flwr_fedavg()):  # type: ignore[misc]
         state: dict[str, Any] = {"fedsafe.round": int(server_round)}
         if self.cfg.dp.enabled and self.cfg.dp.placement in CLIENT_SIDE:
             state["fedsafe.config"] = self.cfg.to_toml()  # what dp_mod needs to add its noise
-            for p in self.plugins:
+            for p in implementing(self.plugins, "client_state"):
                 state.update({f"fedsafe.{p.name}.{k}": float(v) for k, v in p.client_state().items()})
         msgs = {}
         for cid in map(int, ids):
@@ -198,11 +209,12 @@ class FedsafeStrategy(_flwr_fedavg()):  # type: ignore[misc]
     def aggregate_train(self, server_round: int, replies: Iterable[Any]) -> tuple[Any, Any]:
         from flwr.app import MetricRecord
 
-        from fedsafe.core.protocol import PlainProtocol, ProtocolError
-        from fedsafe.core.types import Messages, RoundContext
         from fedsafe.config import uses_privacy_noise
+        from fedsafe.core.plugins import HostView, ModelState
         from fedsafe.core.randomness import privacy_stamp
+        from fedsafe.core.types import RoundContext
         from fedsafe.engine.metrics import summarize, write_summary
+        from fedsafe.engine.round import aggregate_and_step, end_round, plugin_summary
 
         rd = self._round
         if rd.get("round") != server_round:
@@ -248,57 +260,34 @@ class FedsafeStrategy(_flwr_fedavg()):  # type: ignore[misc]
         honest = np.array(sorted(got), dtype=np.int64)
         ctx = RoundContext(server_round, cfg.seed, tuple(map(int, honest)), 0)
         d = flat.numel()
-        skip = None
-        agg = None
+        new = flat
+
+        def step(direction: torch.Tensor) -> None:
+            nonlocal new
+            new, self._buf = self.server.step(flat, direction, self._buf)
+
         if len(honest) == 0:
-            skip = "no usable reply"
+            skip: str | None = "no usable reply"
         else:
             updates = torch.stack([got[int(c)][0] for c in honest])
-            if client_side:
+            reports = None
+            if client_side:  # what each client's dp_mod reported (else the trusted server clips: central DP)
                 reports = [{k[8:]: v for k, v in got[int(c)][1].items() if k.startswith("fedsafe.")} for c in honest]
-                for p in self.plugins:
-                    p.observe_honest(ctx, honest, reports)
-            else:  # the trusted server clips (central DP): it is the clients' side here
-                for p in self.plugins:
-                    updates = p.transform_honest(updates, ctx, honest)
-            messages = Messages(honest, updates)
-            for p in self.plugins:
-                messages = messages + p.extra_messages(ctx, updates.shape[1])
-            for p in self.plugins:
-                messages = p.transform_messages(messages, ctx)
-            try:
-                agg = PlainProtocol().aggregate(messages, self._pipeline, ctx)
-            except (ProtocolError, ValueError) as e:
-                skip = str(e)
-        if agg is not None:
-            row.update(agg.metrics)
-            vector = agg.vector
-            for p in self.plugins:
-                vector = p.transform_aggregate(vector, ctx, agg)
-            direction = -vector[:d]
-            if bool(torch.isfinite(direction).all()):
-                new, self._buf = self.server.step(flat, direction, self._buf)
-            else:
-                skip, new = "non-finite aggregate", flat
-        else:
-            new = flat
+            skip = aggregate_and_step(self.plan, ctx, honest, updates, row, step, reports=reports)
         if skip is not None:
             row["skipped"] = skip
         losses = [r.get("train_loss", r.get("loss")) for _, r in got.values()]
         losses = [x for x in losses if x is not None]
         if losses:
             row["train_loss"] = float(np.mean(losses))
-        host = SimpleNamespace(cfg=cfg, state=SimpleNamespace(round=server_round, params=new), out_dir=self.out_dir,
-                               rows=self.rows)
-        for p in self.plugins:
-            row.update(p.on_round_end(host, row))
+        host = HostView(cfg, ModelState(server_round, new), self.out_dir, self.rows)
+        end_round(self.plan, host, row)
         row["seconds"] = time.perf_counter() - rd["t0"]
         self.rows.append(row)
         self.metrics.write(row)
         if server_round == cfg.rounds and self.out_dir is not None:
             extra: dict[str, Any] = privacy_stamp(uses_privacy_noise(cfg), self.source)
-            for p in self.plugins:
-                extra.update(p.summary(host))
+            extra.update(plugin_summary(self.plan, host))
             write_summary(self.out_dir, summarize(self.rows, name=cfg.name, pipeline=self._pipeline.describe(),
                                                   attack="real clients", f=cfg.rule_f, parameters=d,
                                                   execution="flower strategy", **extra))

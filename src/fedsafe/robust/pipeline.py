@@ -33,7 +33,8 @@ class RobustPipeline:
     The only state is the previous round's aggregate, handed explicitly to rules that take it
     (centered clipping) and saved in checkpoints. A protocol that performs the rule itself
     (secagg, he, tee) reads :attr:`spec` and hands its aggregate to :meth:`record`. Rules that take ``server_update`` (FLTrust)
-    get :attr:`server_update`, which the engine sets every round before anything aggregates;
+    get :attr:`server_update`, which :meth:`begin_round` computes every round, before anything
+    aggregates, from the server's own data (:meth:`attach_server_data`: a root dataset);
     randomised rules (FLAME) draw from the stream ``("robust.rule", round)``. Randomised pre-aggregators (bucketing) draw
     from the stream ``("robust.pre", round, position)``.
     """
@@ -58,6 +59,7 @@ class RobustPipeline:
         self.uses_history = "history" in reserved
         self.history: dict[int, Tensor] = {}
         self.server_update: Tensor | None = None
+        self.root: Any = None  # the server's root-dataset update (fedsafe.robust.root), for server_update
         self.pre = [
             (name, PREAGGREGATORS.get(name, params), "generator" in _reserved_params(PREAGGREGATORS, name))
             for name, params in pre
@@ -99,6 +101,51 @@ class RobustPipeline:
                 past = self.history.get(cid)
                 self.history[cid] = row.detach().to(torch.float64).clone() if past is None else past + row.to(torch.float64)
         return out
+
+    # --- what the rule computes on the server, and its state across rounds ------------------
+
+    def attach_server_data(self, data: Any, seed: int, make_work: Any) -> None:
+        """For a rule that takes ``server_update`` (FLTrust): draw its root dataset from ``data``
+        (``robust.params.root_size`` samples, the rule's own default otherwise) and the client
+        work that computes the server's update on it (``make_work(root dataset, batch seed)``).
+        A no-op for other rules. Raises ``ValueError`` for a root size the data cannot give."""
+        if not self.uses_server_update:
+            return
+        from fedsafe.robust.root import RootUpdate
+
+        default = AGGREGATORS.entry(self.rule_name).params["root_size"].default
+        self.root = RootUpdate(data, seed, self.rule_params.get("root_size", default), make_work)
+
+    def begin_round(self, round_: int, params: Tensor) -> None:
+        """Before anything aggregates this round (the attackers' aggregates included): the
+        server's own inputs to the rule at the round's model ``params`` (FLTrust's root update)."""
+        if self.root is not None:
+            self.server_update = self.root.update(round_, params)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps besides the previous aggregate: the root update's momentum
+        (``_root``) and the clients' histories (``_history``), for the rules that have them."""
+        out: dict[str, Any] = {}
+        if self.root is not None:
+            out["_root"] = self.root.state_dict()
+        if self.uses_history:
+            out["_history"] = {str(k): v for k, v in self.history.items()}
+        return out
+
+    def load_state_dict(self, state: dict[str, Any], *, dim: int, params: int, num_clients: int) -> None:
+        """Restore :meth:`state_dict` for messages of ``dim`` coordinates, a model of ``params``
+        parameters and ``num_clients`` clients; ``ValueError`` where it does not fit."""
+        if self.uses_history:
+            history = {int(k): v for k, v in state.get("_history", {}).items()}
+            bad = [k for k, v in history.items() if not 0 <= k < num_clients or tuple(v.shape) != (dim,)]
+            if bad:
+                raise ValueError(f"client histories of clients {bad[:4]} do not fit this run")
+            self.history = history
+        if self.root is not None:
+            momentum = state.get("_root", {}).get("momentum")
+            if momentum is not None and tuple(momentum.shape) != (1, params):
+                raise ValueError(f"the root dataset's momentum has shape {tuple(momentum.shape)}, expected (1, {params})")
+            self.root.load_state_dict({"momentum": momentum})
 
     @property
     def spec(self) -> PipelineSpec:

@@ -20,25 +20,37 @@ from torch import Tensor
 from fedsafe.core.clients import ClientAlgorithm, LocalResult
 from fedsafe.core.types import RoundContext
 from fedsafe.zo.clip import clip_inf
-from fedsafe.zo.fedsgd import DecodedMomentum, ZODecoder, client_messages
+from fedsafe.zo.fedsgd import DecodedMomentum, ZODecoder, ZOSettings, client_messages
 from fedsafe.zo.local import zo_local_steps_many
 
 
-class ZOFedSGD(ClientAlgorithm):
+class _ZerothOrder(ClientAlgorithm):
+    """What both BAFFLE algorithms set up: the ``[zo]`` settings, as :class:`~fedsafe.zo.ZOSettings`."""
+
+    settings: ZOSettings
+
+    def setup(self, work: Any) -> None:
+        zo = work.zo
+        if zo is None:
+            raise ValueError("clients.gradient = 'zeroth_order' needs the [zo] settings")
+        self.settings = ZOSettings(zo.k, zo.sigma, zo.scheme, zo.chunk, zo.decode_chunk)
+
+
+class ZOFedSGD(_ZerothOrder):
     """BAFFLE FedSGD: K loss differences at shared perturbations"""
 
     def run(self, work: Any, round_: int, params: Tensor, ids: np.ndarray, momentum: Tensor | None,
             poison: Any) -> LocalResult:
         x, y = work.batch(round_, 0, ids, poison)
-        msgs, losses = client_messages(work.loss_fn(), params, x, y, work.zo_settings, work.seed, round_)
+        msgs, losses = client_messages(work.loss_fn(), params, x, y, self.settings, work.seed, round_)
         return LocalResult(msgs, losses, None)
 
     def message_dim(self, work: Any, dim: int) -> int:
-        return work.zo_settings.message_dim
+        return self.settings.message_dim
 
     def decode(self, work: Any, aggregate: Tensor, round_: int) -> Tensor:
         dim = work.backend.layout.dim
-        g = ZODecoder(dim, work.zo_settings)(aggregate, RoundContext(round_, work.seed, (), 0)).to(torch.float32)
+        g = ZODecoder(dim, self.settings)(aggregate, RoundContext(round_, work.seed, (), 0)).to(torch.float32)
         return g if work.zo.clip_inf is None else clip_inf(g, work.zo.clip_inf)
 
     def server_optimizer(self, work: Any, inner: Any) -> Any:
@@ -48,7 +60,7 @@ class ZOFedSGD(ClientAlgorithm):
         return DecodedMomentum(inner, cfg.momentum, cfg.weight_decay)
 
 
-class ZOFedAvg(ClientAlgorithm):
+class ZOFedAvg(_ZerothOrder):
     """BAFFLE FedAvg: local zeroth-order SGD steps"""
 
     def run(self, work: Any, round_: int, params: Tensor, ids: np.ndarray, momentum: Tensor | None,

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedsafe.core.plugins import Plugin, RoundHost
+from fedsafe.core.plugins import ClientTransform, Observer, RoundHost, ServerTransform
 from fedsafe.core.randomness import RandomSource
 from fedsafe.core.types import Aggregate, Message, RoundContext
 from fedsafe.privacy.dp.config import DPPlan
@@ -50,7 +50,7 @@ from fedsafe.privacy.dp.mechanisms import (
 )
 
 
-class DPPlugin(Plugin):
+class DPPlugin(ClientTransform, ServerTransform, Observer):
     name = "dp"
 
     def __init__(self, plan: DPPlan, source: RandomSource) -> None:

@@ -43,6 +43,11 @@ class InherentConfig(RenamingSection):
 
     clip = deprecated_alias(_RENAMES[0], "inherent")
 
+    @property
+    def enabled(self) -> bool:
+        """The section's switch: present is on (it comes with ``clients.algorithm = "inherent"``)."""
+        return True
+
 
 def make_plugin(setup: Any) -> Any:
     """The round plugin for ``[inherent]`` (``fedsafe.core.plugins.ROUND_PLUGINS``): None without

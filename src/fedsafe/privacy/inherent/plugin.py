@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedsafe.core.plugins import Plugin, RoundHost
+from fedsafe.core.plugins import ClientTransform, Observer, RoundHost
 from fedsafe.core.randomness import RandomSource
 from fedsafe.privacy.inherent.bounds import TABLE1_ROWS
 from fedsafe.privacy.inherent.composition import calibrate_sigma2, epsilon_schedule
@@ -56,7 +56,7 @@ def inherent_updates(
     return torch.stack(out), torch.stack(norms)
 
 
-class InherentPlugin(Plugin):
+class InherentPlugin(ClientTransform, Observer):
     """Reports the row's cumulative ε per round (and σ², calibrated or given)."""
 
     name = "inherent"
@@ -75,7 +75,9 @@ class InherentPlugin(Plugin):
 
     def configure_clients(self, work: Any) -> None:
         # the clients release the row with this σ², noised from this source (algorithm = "inherent")
-        work.inherent = (self.cfg, self.sigma2, self.source)
+        configure = getattr(work.algorithm, "configure", None)
+        if configure is not None:
+            configure(self.cfg, self.sigma2, self.source)
 
     def on_round_end(self, fed: RoundHost, row: dict[str, Any]) -> dict[str, Any]:
         eps = float(self.schedule[row["round"] - 1])
