@@ -10,8 +10,18 @@ files the README shows into the output directory:
     audit      audit_all_iterates.png                                 recipes/audit_dpfedavg.toml (z = 0.5, 4 reps)
     baffle     baffle_accuracy.png                                    recipes/baffle.toml
 
-    python docs/make_figures.py [--only NAME ...] [--quick] [--out-dir DIR] [--work-dir DIR] [--list]
-    make figures                                          # all of them, into docs/figures/
+With ``--mnist``, the figures of the README's "Papers on MNIST" section instead (real MNIST:
+``make data`` first; about 1.5 hours of wall time on this project's busy 2-core machine, about 11
+CPU-minutes, most of it the SABLE and BAFFLE runs):
+
+    mnist_inherent  mnist_inherent_accuracy_vs_epsilon.png, mnist_inherent_sweep.csv  recipes/mnist_inherent.toml
+    mnist_audit     mnist_audit_all_iterates.png                   recipes/mnist_audit.toml (z = 0.3)
+    mnist_baffle    mnist_baffle_accuracy.png                      recipes/mnist_baffle.toml (K = 100, backprop)
+    mnist_sable     mnist_sable_accuracy.png                       recipes/mnist_sable.toml (ALIE, FOE)
+
+    python docs/make_figures.py [--mnist] [--only NAME ...] [--quick] [--out-dir DIR] [--work-dir DIR] [--list]
+    make figures                                          # the digits figures, into docs/figures/
+    python docs/make_figures.py --mnist                   # the MNIST figures, into docs/figures/
 
 Every command runs with one OpenMP / torch thread (sweep cells get one thread each from
 ``--jobs 2``). The same seed and the same thread count give the same numbers; the thread count
@@ -57,6 +67,7 @@ class FigureSpec:
     description: str
     commands: tuple[Command, ...]
     outputs: dict[str, str]
+    mnist: bool = False  # needs real MNIST (``make data``); made only with ``--mnist``
 
 
 def _quick(quick: bool, *overrides: str) -> list[str]:
@@ -97,6 +108,40 @@ def _baffle_report(work: Path, quick: bool) -> list[str]:
     return ["report", str(work), "--out", str(work / "report")]
 
 
+def _mnist_inherent_sweep(work: Path, quick: bool) -> list[str]:
+    return ["sweep", "recipes/mnist_inherent.toml", "--jobs", "2", "--out", str(work),
+            "--grid", "inherent.row=sgd_iid+isotropic,gsgd+wf_na,gd+isotropic",
+            "--grid", "inherent.target_epsilon=2,8", "--rows", "inherent.row", "--cols", "inherent.target_epsilon",
+            *_quick(quick, "rounds=2", "eval_every=1", "inherent.max_records=40", "data.max_test=500")]
+
+
+def _mnist_inherent_report(work: Path, quick: bool) -> list[str]:
+    cells = sorted(str(p) for p in work.glob("inherent.*")) or [str(work / "inherent.*")]
+    return ["report", *cells, "--out", str(work / "report")]
+
+
+def _mnist_audit_run(work: Path, quick: bool) -> list[str]:
+    return ["run", "recipes/mnist_audit.toml", "--variant", "z_0_3", "--out", str(work), "--quiet",
+            *_quick(quick, "rounds=4", "eval_every=4", "clients.num_clients=20", "audit.canaries=20",
+                    "audit.unobserved=20", "data.max_train=2000", "data.max_test=500")]
+
+
+def _mnist_baffle_run(work: Path, quick: bool) -> list[str]:
+    return ["run", "recipes/mnist_baffle.toml", "--variant", "k100", "--variant", "backprop", "--out", str(work),
+            "--quiet", *_quick(quick, "rounds=1", "eval_every=1", "clients.num_clients=2", "zo.k=4",
+                               "data.max_train=2000", "data.max_test=500")]
+
+
+def _mnist_sable_run(work: Path, quick: bool) -> list[str]:
+    variants = ("sable_alie", "robust_dsgd_alie", "sable_foe", "robust_dsgd_foe")
+    return ["run", "recipes/mnist_sable.toml", *(a for v in variants for a in ("--variant", v)), "--out", str(work),
+            "--quiet", *_quick(quick, "rounds=2", "eval_every=1", "data.max_train=2000", "data.max_test=500")]
+
+
+def _report(work: Path, quick: bool) -> list[str]:
+    return ["report", str(work), "--out", str(work / "report")]
+
+
 FIGURES: dict[str, FigureSpec] = {
     f.name: f
     for f in (
@@ -110,6 +155,16 @@ FIGURES: dict[str, FigureSpec] = {
                    (_audit_run,), {"audit_all_iterates.png": "z_0_5_rep4/audit_all.png"}),
         FigureSpec("baffle", "BAFFLE accuracy per round, the recipe's 7 variants",
                    (_baffle_run, _baffle_report), {"baffle_accuracy.png": "report/accuracy.png"}),
+        FigureSpec("mnist_inherent", "MNIST: accuracy vs ε of three Table 1 rows (Zhang et al. Fig. 5), 6-cell sweep",
+                   (_mnist_inherent_sweep, _mnist_inherent_report),
+                   {"mnist_inherent_accuracy_vs_epsilon.png": "report/accuracy_vs_epsilon.png",
+                    "mnist_inherent_sweep.csv": "sweep.csv"}, mnist=True),
+        FigureSpec("mnist_audit", "MNIST: canary cosines, all iterates (Andrew et al.), variant z_0_3",
+                   (_mnist_audit_run,), {"mnist_audit_all_iterates.png": "z_0_3/audit_all.png"}, mnist=True),
+        FigureSpec("mnist_baffle", "MNIST: BAFFLE K = 100 against backprop, accuracy per round",
+                   (_mnist_baffle_run, _report), {"mnist_baffle_accuracy.png": "report/accuracy.png"}, mnist=True),
+        FigureSpec("mnist_sable", "MNIST: SABLE (emulated HTS) against Robust-DSGD under ALIE and FOE",
+                   (_mnist_sable_run, _report), {"mnist_sable_accuracy.png": "report/accuracy.png"}, mnist=True),
     )
 }
 
@@ -155,6 +210,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--only", action="append", default=[], metavar="NAME",
                    help=f"make only this figure (repeatable or comma-separated): {', '.join(FIGURES)}")
+    p.add_argument("--mnist", action="store_true",
+                   help="the MNIST figures (real MNIST: `make data` first) instead of the digits ones")
     p.add_argument("--quick", action="store_true", help="tiny runs into a temporary directory (a smoke test)")
     p.add_argument("--out-dir", type=Path, default=None,
                    help="where the figures go (default docs/figures/; --quick: a new temporary directory)")
@@ -166,10 +223,21 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     unknown = [n for n in names if n not in FIGURES]
     if unknown:
         p.error(f"--only {', '.join(unknown)}: unknown figure; valid: {', '.join(FIGURES)}")
-    args.names = [n for n in FIGURES if n in names] if names else list(FIGURES)
+    args.names = ([n for n in FIGURES if n in names] if names
+                  else [n for n, spec in FIGURES.items() if spec.mnist == args.mnist])
     if args.work_dir is not None and args.work_dir.exists() and any(args.work_dir.iterdir()):
         p.error(f"--work-dir {args.work_dir}: not empty (give an empty or new directory)")
     return args
+
+
+def _mnist_missing(specs: Sequence[FigureSpec]) -> str | None:
+    """Why the MNIST figures among ``specs`` cannot run (MNIST not fetched), or None."""
+    if not any(spec.mnist for spec in specs):
+        return None
+    from fedsafe.data.store import stored_path
+
+    path = stored_path("mnist")
+    return None if path.is_file() else f"the MNIST figures need {path}: run `make data` first"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -181,6 +249,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             for command in spec.commands:
                 print(f"  $ {shell_line(command(Path('runs/figures') / name, args.quick))}")
         return 0
+    missing = _mnist_missing([FIGURES[n] for n in args.names])
+    if missing:
+        print(f"error: {missing}", file=sys.stderr)
+        return 2
     out_dir = args.out_dir or (Path(tempfile.mkdtemp(prefix="fedsafe-figures-")) if args.quick else FIGURES_DIR)
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="fedsafe-figures-work-") as tmp:

@@ -62,12 +62,33 @@ def test_list_names_the_documented_commands() -> None:
     assert "baffle" not in res.stdout
 
 
+def test_mnist_figures_are_behind_the_flag() -> None:
+    res = make("--list")
+    assert res.returncode == 0, res.stderr
+    assert "mnist" not in res.stdout  # `make figures` never needs real MNIST
+    res = make("--list", "--mnist")
+    assert res.returncode == 0, res.stderr
+    assert "fedsafe sweep recipes/mnist_inherent.toml --jobs 2" in res.stdout
+    assert "fedsafe run recipes/mnist_sable.toml --variant sable_alie" in res.stdout
+    assert "recipes/inherent_noise.toml" not in res.stdout
+    assert all(spec.mnist == name.startswith("mnist_") for name, spec in load_script().FIGURES.items())
+
+
+def test_mnist_figures_refuse_without_the_data(tmp_path: Path) -> None:
+    env = {**os.environ, "FEDSAFE_DATA": str(tmp_path / "empty")}
+    res = subprocess.run([sys.executable, str(SCRIPT), "--mnist", "--quick", "--out-dir", str(tmp_path / "out")],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 2
+    assert "the MNIST figures need" in res.stderr and "make data" in res.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_quick_mode_remakes_every_figure_identically(tmp_path: Path) -> None:
     first, second = tmp_path / "first", tmp_path / "second"
     res = make("--quick", "--out-dir", str(first))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     made = {p.name for p in first.iterdir()}
-    assert made == {name for spec in load_script().FIGURES.values() for name in spec.outputs}
+    assert made == {name for spec in load_script().FIGURES.values() if not spec.mnist for name in spec.outputs}
     rows = list(csv.DictReader((first / "inherent_sweep.csv").open()))
     assert {(r["inherent.row"], r["inherent.target_epsilon"]) for r in rows} == {
         (row, eps) for row in ("sgd_iid+isotropic", "gsgd+wf_na", "gd+isotropic") for eps in ("1", "8")}
