@@ -84,6 +84,7 @@ class Accountant:
             raise ValueError("RDP orders must be a non-empty list of numbers > 1")
         self._records: dict[RoundRecord, int] = {}
         self._eps_cache: dict[tuple[Any, ...], EpsilonDetails] = {}
+        self._checked: set[RoundRecord] = set()  # events the engine accepted: checked once each
         self.engine: AccountingEngine = engine_class(self.accountant)(
             self.neighboring, self._records, interval=self.value_discretization_interval, orders=self.orders
         )
@@ -117,8 +118,10 @@ class Accountant:
 
     def check_supported(self, record: RoundRecord) -> None:
         """Raise :class:`UnsupportedAccountingError` if this accountant's engine cannot account
-        ``record``."""
-        self.engine.check(record)
+        ``record`` (each distinct event is checked once: a run's rounds repeat a few events)."""
+        if record not in self._checked:
+            self.engine.check(record)
+            self._checked.add(record)
 
     # -- composing
 

@@ -12,7 +12,8 @@ gave 0.170 against a converged 0.0726). Two modes (:class:`PldEngine`):
 - *incremental* (an interval given; the engine passes ``planned_interval``'s): the engine keeps
   the running ``PrivacyLossDistribution`` and composes onto it only the rounds added since the
   last ε (consecutive equal rounds as one self-composed step), so ε after a new round costs one
-  composition and one ε query. Each composition is dp-accounting's FFT convolution with its
+  composition and one ε query, which reads the losses above the last ε (ε only grows) and a few
+  more, not the whole distribution (:func:`_pmf_epsilon`'s ``hint``). Each composition is dp-accounting's FFT convolution with its
   pessimistic tail truncation (:func:`compose_pld`, vectorised), so the running PLD is at every
   round exactly what a ``PLDAccountant`` composing the same events at that interval holds. A
   checkpoint stores the composition steps, and a resumed run replays them once: the same ε, bit
@@ -133,20 +134,49 @@ def first_interval(epsilon_estimate: float, rounds: int) -> float:
 
 # --------------------------------------------------------------------------- incremental PLD operations
 
-_CHUNK = 2048  # a PMF's tails are scanned this many points at a time
-_EPSILON_CHUNK = 8192  # and its largest losses, for ε, this many
+_TAIL_FIRST = 512  # a PMF's tails are scanned this many points first, then _CHUNK at a time
+_CHUNK = 2048
+# The largest losses, for ε, are scanned a block at a time: the first block ends _EPSILON_MARGIN
+# points past the caller's hint (else it is _EPSILON_FIRST points long), each next block twice as
+# long up to _EPSILON_CHUNK. Each block's running sums start from the sums carried over
+# (:func:`_running_sums`), so they are the sequential sums from the largest loss whatever the
+# blocks: the same PMF gives the same bits with any hint, and a scan reads the losses above ε and
+# a few more (a run's PMF has ~10⁴ points, a few thousand of them above ε).
+_EPSILON_FIRST = 1024
+_EPSILON_MARGIN = 64
+_EPSILON_CHUNK = 8192
+
+
+def _running_sums(carry: float, values: np.ndarray) -> np.ndarray:
+    """[carry, carry + v₀, (carry + v₀) + v₁, …]: the sequential running sums of ``values`` after
+    ``carry`` (one array of len + 1; what the ε scan adds up in one block, counted by tests)."""
+    out = np.empty(len(values) + 1)
+    out[0] = carry
+    out[1:] = values
+    return np.add.accumulate(out, out=out)
+
+
+def _tail_sums(values: np.ndarray) -> np.ndarray:
+    """``np.cumsum`` of one block of a tail (one function, so tests count the points a scan reads)."""
+    return np.cumsum(values)
 
 
 def _first_cumsum_over(probs: np.ndarray, threshold: float) -> int:
     """The first index at which the running sum of ``probs`` exceeds ``threshold`` (len if never),
-    scanning a chunk at a time (tails are short)."""
-    carry, n = 0.0, len(probs)
-    for start in range(0, n, _CHUNK):
-        sums = carry + np.cumsum(probs[start : start + _CHUNK])
+    scanning a block at a time: tails are short (a run's are 0 to a few hundred points: the first
+    point alone, then :data:`_TAIL_FIRST` points, then :data:`_CHUNK` at a time)."""
+    n = len(probs)
+    if n and probs[0] > threshold:  # the running sum's first term: nothing to drop
+        return 0
+    carry, start, size = 0.0, 0, _TAIL_FIRST
+    while start < n:
+        sums = carry + _tail_sums(probs[start : start + size])
         over = sums > threshold
         if over.any():
             return start + int(np.argmax(over))
         carry = float(sums[-1])
+        start += size
+        size = _CHUNK
     return n
 
 
@@ -204,10 +234,12 @@ def compose_pld(a: Any, b: Any) -> Any:
     return PLD(remove, _compose_pmfs(a._pmf_add, b._pmf_add))
 
 
-def _pmf_epsilon(pmf: Any, delta: float) -> float:
+def _pmf_epsilon(pmf: Any, delta: float, hint: float | None = None) -> float:
     """dp-accounting's ``get_epsilon_for_delta`` of one PMF, vectorised for dense PMFs: the same
-    scan from the largest loss down, as cumulative sums over a chunk of losses at a time (the
-    scan stops near ε)."""
+    scan from the largest loss down, as running sums over a block of losses at a time, stopping
+    in the block that holds ε. ``hint``, an ε expected nearby (the last one of a running PLD: ε
+    only grows), sizes the first block to end just below it, so the scan reads the losses above
+    ε and little more; the result does not depend on it, to the bit (:func:`_running_sums`)."""
     if not isinstance(pmf, pld_pmf.DensePLDPmf):
         return float(pmf.get_epsilon_for_delta(delta))
     upper, lower = pmf._infinity_mass, 0.0  # over the losses scanned (and ∞): Σ p and Σ p·e^(-loss)
@@ -215,23 +247,24 @@ def _pmf_epsilon(pmf: Any, delta: float) -> float:
         return math.inf
     probs = pmf._probs[::-1]
     n, top, h = len(probs), pmf._lower_loss + len(probs) - 1, pmf._discretization
-    for start in range(0, n, _EPSILON_CHUNK):
-        p = probs[start : start + _EPSILON_CHUNK]
+    size = _EPSILON_FIRST
+    if hint is not None and math.isfinite(hint):
+        size = max(1, min(n, math.floor(top - hint / h) + _EPSILON_MARGIN))
+    start = 0
+    while start < n:
+        p = probs[start : start + size]
         losses = (top - start - np.arange(len(p))) * h
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             weights = np.exp(-losses)
-            ups = np.cumsum(p)
-            ups += upper  # the sums before each point: shifted by one below
-            los = np.cumsum(p * weights)
-            los += lower
-            ups_before = np.concatenate(([upper], ups[:-1]))
-            los_before = np.concatenate(([lower], los[:-1]))
+            ups = _running_sums(upper, p)  # ups[k]: the mass above the k-th point, ups[k + 1] with it
+            los = _running_sums(lower, p * weights)
+            ups_before, los_before, ups_after, los_after = ups[:-1], los[:-1], ups[1:], los[1:]
             # dp-accounting's scan, k-th largest loss: stop before adding it once the ε the mass
             # above it gives, log((U − δ)/L), is at least that loss, i.e. (U − δ)·e^(-loss) ≥ L;
             # after adding it, return the loss itself if L is still 0 (e^(-loss) underflowed)
             # while U reached δ.
             stop = (ups_before > delta) & (los_before > 0) & ((ups_before - delta) * weights >= los_before)
-            tiny = (ups >= delta) & (los == 0)
+            tiny = (ups_after >= delta) & (los_after == 0)
         k = int(np.argmax(stop)) if stop.any() else len(p)
         j = int(np.argmax(tiny)) if tiny.any() else len(p)
         if j < k:
@@ -240,15 +273,19 @@ def _pmf_epsilon(pmf: Any, delta: float) -> float:
             upper, lower = float(ups_before[k]), float(los_before[k])
             break
         upper, lower = float(ups[-1]), float(los[-1])
+        start += len(p)
+        size = min(2 * max(size, _EPSILON_FIRST), _EPSILON_CHUNK)
     if upper <= lower + delta:
         return 0.0
     return float(np.log((upper - delta) / lower))
 
 
-def pld_epsilon_for_delta(distribution: Any, delta: float) -> float:
+def pld_epsilon_for_delta(distribution: Any, delta: float, hint: float | None = None) -> float:
     """dp-accounting's ``PrivacyLossDistribution.get_epsilon_for_delta`` (the larger of the two
-    adjacency directions), vectorised (:func:`_pmf_epsilon`)."""
-    eps = _pmf_epsilon(distribution._pmf_remove, delta)
+    adjacency directions), vectorised (:func:`_pmf_epsilon`; ``hint`` sizes its first block and
+    changes nothing in the result)."""
+    scan = _pmf_epsilon if hint is None else functools.partial(_pmf_epsilon, hint=hint)
+    eps = scan(distribution._pmf_remove, delta)
     if distribution._symmetric:
         return eps
     add = distribution._pmf_add
@@ -257,7 +294,7 @@ def pld_epsilon_for_delta(distribution: Any, delta: float) -> float:
             return eps  # the add direction's ε is at most its largest loss: no larger than eps
         if _pmf_delta(add, eps) <= delta * (1 - 1e-9):
             return eps  # δ_add(eps) ≤ δ, and δ_add only falls as ε grows: ε_add ≤ eps (one pass, no scan)
-    return max(eps, _pmf_epsilon(add, delta))
+    return max(eps, scan(add, delta))
 
 
 def _pmf_delta(pmf: Any, epsilon: float) -> float:
@@ -423,6 +460,7 @@ class PldEngine(AccountingEngine):
                  orders: Sequence[float]) -> None:
         super().__init__(neighboring, records, interval=interval, orders=orders)
         self._parts: PartsCache = {}
+        self._rdp2_cache: dict[RoundRecord, float] = {}
         self.reset()
 
     def reset(self) -> None:
@@ -433,6 +471,7 @@ class PldEngine(AccountingEngine):
         self._applied = 0
         self._running: Any = None
         self._rdp2 = 0.0
+        self._hints: dict[float, float] = {}  # δ -> the last ε of the running PLD (ε only grows)
 
     @property
     def incremental(self) -> bool:
@@ -464,11 +503,16 @@ class PldEngine(AccountingEngine):
 
     def _rdp2_of(self, rec: RoundRecord) -> float:
         """RDP at order 2 of one round (0 for a round without an RDP curve: a distributed round),
-        for the guard of :meth:`_over_pld_limit`."""
-        if rec.z == 0 or not has_rdp(rec):
-            return 0.0
-        curve, _ = round_rdp(rec, RDP_ESTIMATE_ORDERS, self.neighboring)
-        return float(curve[0])  # RDP_ESTIMATE_ORDERS[0] == 2
+        for the guard of :meth:`_over_pld_limit`; computed once per distinct round."""
+        value = self._rdp2_cache.get(rec)
+        if value is None:
+            if rec.z == 0 or not has_rdp(rec):
+                value = 0.0
+            else:
+                curve, _ = round_rdp(rec, RDP_ESTIMATE_ORDERS, self.neighboring)
+                value = float(curve[0])  # RDP_ESTIMATE_ORDERS[0] == 2
+            self._rdp2_cache[rec] = value
+        return value
 
     def _seal(self) -> None:
         """Turn the rounds pending since the last seal into steps, consecutive equal records merged
@@ -515,7 +559,8 @@ class PldEngine(AccountingEngine):
                 return pld_epsilon([], self.neighboring, delta, rdp_estimate=over[0], rdp_is_bound=over[1])
             h = self.interval
             with np.errstate(over="ignore", divide="ignore"):  # dp-accounting's PLD at huge ε
-                eps = pld_epsilon_for_delta(self._running_pld(), delta)
+                eps = pld_epsilon_for_delta(self._running_pld(), delta, self._hints.get(delta))
+            self._hints[delta] = eps
             return EpsilonDetails(eps, "pld", h, ((h, eps),))
         rdp_eps, rdp_valid = rdp_epsilon(self.records, self.neighboring, delta, RDP_ESTIMATE_ORDERS)
         if rdp_eps > PLD_EPSILON_LIMIT:  # PLD is skipped: report the tightest RDP bound
