@@ -128,7 +128,7 @@ def _mnist_audit_run(work: Path, quick: bool) -> list[str]:
 
 def _mnist_baffle_run(work: Path, quick: bool) -> list[str]:
     return ["run", "recipes/mnist_baffle.toml", "--variant", "k100", "--variant", "backprop", "--out", str(work),
-            "--quiet", *_quick(quick, "rounds=1", "eval_every=1", "clients.num_clients=2", "zo.k=4",
+            "--quiet", *_quick(quick, "rounds=1", "eval_every=1", "clients.num_clients=2",
                                "data.max_train=2000", "data.max_test=500")]
 
 
