@@ -190,3 +190,16 @@ def test_fltrust_root_update_belongs_to_the_pipeline():
     mean = RobustPipeline("mean", {}, [], 0, 0)
     mean.attach_server_data(None, 0, None)  # a rule that takes no server_update: nothing to attach
     assert mean.root is None and mean.state_dict() == {}
+
+
+def test_one_switch_per_subsystem_its_sections_enabled():
+    from fedsafe.config import validate
+    from fedsafe.core.plugins import section_enabled
+
+    cfg = validate(TINY)
+    assert section_enabled(cfg, "dp") is False and section_enabled(cfg, "audit") is False
+    assert section_enabled(cfg, "inherent") is False  # an absent optional section is off
+    assert section_enabled(cfg, "aggregate_norm") is None  # no such section: the plugin decides
+    on = validate({**TINY, "dp": {"enabled": True, "noise_multiplier": 1.0},
+                   "audit": {"canaries": 4}, "clients": {"num_clients": 6, "algorithm": "fedavg"}})
+    assert section_enabled(on, "dp") is True and section_enabled(on, "audit") is True

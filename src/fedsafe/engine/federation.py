@@ -1,7 +1,13 @@
 """The federation loop: the round of docs/architecture.md, one call of :meth:`Federation.run_round` per round.
 
-    sample clients → honest local work → Byzantine attack → protocol.aggregate(messages, rule)
-    → decode to a parameter-space direction → server optimizer step → evaluate → metrics row
+    sample clients → honest local work → [fedsafe.engine.round: client transform → Byzantine
+    attack → protocol.aggregate(messages, rule) → decode to a parameter-space direction → server
+    optimizer step] → evaluate → observers → metrics row → checkpoint
+
+The bracketed stages are :func:`fedsafe.engine.round.aggregate_and_step`, run from the
+:class:`~fedsafe.engine.round.RoundPlan` this class resolves once at set-up (the Flower strategy
+runs the same stages); this class owns what is around them: sampling, the clients' work and
+momentum, the attack's inputs, evaluation, metrics and checkpoints.
 """
 
 from __future__ import annotations
@@ -51,13 +57,10 @@ def check_pipeline_size(cfg: ExperimentConfig, pipeline: RobustPipeline) -> None
     n = {"all": c.num_clients, "fixed": c.sample_size}.get(c.sampling)
     if n is None:
         return
-    pipeline.server_update = torch.zeros(2) if pipeline.uses_server_update else None
     try:
-        pipeline.apply(torch.zeros(n, 2), 0, list(range(n)))
+        pipeline.check_size(n)
     except ValueError as e:
         raise ConfigError([f"robust: {e} (with {n} participants per round)"]) from None
-    finally:
-        pipeline.server_update = None  # each round sets its own
 
 
 def preflight_protocol(cfg: ExperimentConfig, protocol: Any, pipeline: RobustPipeline, dim: int) -> None:

@@ -116,6 +116,15 @@ class RobustPipeline:
         default = AGGREGATORS.entry(self.rule_name).params["root_size"].default
         self.root = RootUpdate(data, seed, self.rule_params.get("root_size", default), make_work)
 
+    def check_size(self, n: int) -> None:
+        """Run on a dummy round of ``n`` rows (with a dummy server update, for a rule that takes
+        one): ``ValueError`` (a ``RequirementError``) where the rule's (n, f) requirement fails."""
+        self.server_update = torch.zeros(2) if self.uses_server_update else None
+        try:
+            self.apply(torch.zeros(n, 2), 0, list(range(n)))
+        finally:
+            self.server_update = None  # each round sets its own
+
     def begin_round(self, round_: int, params: Tensor) -> None:
         """Before anything aggregates this round (the attackers' aggregates included): the
         server's own inputs to the rule at the round's model ``params`` (FLTrust's root update)."""
