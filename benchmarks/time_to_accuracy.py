@@ -13,7 +13,7 @@ and hyper-parameters for every contender:
   clients Byzantine, running ALIE (Baruch et al.: mean + z·std of the honest momentums,
   z = Φ⁻¹((n − s)/n), s = ⌊n/2 + 1⌋ − f). Thresholds: ``--paper-accuracy`` and 95%. SABLE
   plots its MNIST accuracies (Figures 1, 3–7) but states no number in the text, so the
-  paper's accuracy is an option (default 0.90, our reading target, not a figure quoted from
+  paper's accuracy is an option (default 0.90, our choice, not a figure quoted from
   the paper).
 
 Contenders:
