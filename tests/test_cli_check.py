@@ -283,3 +283,12 @@ def test_run_loads_its_data_once_in_the_check(tmp_path, monkeypatch):
 def test_a_problem_the_engine_would_meet_first_is_still_one_line(tmp_path, text):
     r = runner.invoke(app, ["check", str(_write(tmp_path, text))])
     assert r.exit_code == 2 and len(_errors(r.output)) == 1, r.output
+
+
+def test_a_config_with_a_plugin_that_transforms_no_client_row_is_checked(tmp_path):
+    # The audit is a server transform and an observer only (no message_dim): the check sizes the
+    # messages over the client transforms, as the engine does.
+    path = _write(tmp_path, SMALL + "algorithm = \"fedavg\"\n[dp]\nenabled = true\n[audit]\ncanaries = 4\n")
+    r = runner.invoke(app, ["check", str(path)])
+    assert r.exit_code == 0, r.output
+    assert r.output.strip() == f"ok: {path} (no variants)"

@@ -392,7 +392,7 @@ def setup_problems(cfg: ExperimentConfig, replaced: set[str] = frozenset(), data
     """What :class:`~fedsafe.engine.federation.Federation` would refuse at set-up for ``cfg``
     (one run, no variants), every independent problem at once. Checks that read a key in
     ``replaced`` are left out; ``data`` caches loaded datasets."""
-    from fedsafe.core.plugins import make_plugins
+    from fedsafe.core.plugins import implementing, make_plugins
     from fedsafe.core.protocol import ProtocolError, make_protocol
     from fedsafe.core.randomness import RandomSource
     from fedsafe.core.streams import torch_stream
@@ -497,7 +497,7 @@ def setup_problems(cfg: ExperimentConfig, replaced: set[str] = frozenset(), data
         if checked and plugins is not None and not skip("zo", "clients.algorithm", "clients.gradient", *_ROUND_SIZE):
             dim = _message_dim(cfg, model, dataset, backend)
             if dim is not None:
-                for p in plugins:
+                for p in implementing(plugins, "message_dim"):
                     dim = p.message_dim(dim)
                 bind = getattr(protocol, "bind_plugins", None)
                 if bind is not None:
