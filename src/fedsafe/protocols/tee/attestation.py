@@ -71,6 +71,8 @@ ENCLAVE_MODULES: tuple[str, ...] = (
     "fedsafe.robust.flame",
     "fedsafe.robust.foolsgold",
     "fedsafe.robust.fltrust",
+    "fedsafe.robust.rlr",
+    "fedsafe.robust.freqfed",
     "fedsafe.robust.selection",
     "fedsafe.robust.split",
     "fedsafe.core.registry",  # decides which selection a rule name runs
