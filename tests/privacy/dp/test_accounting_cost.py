@@ -29,7 +29,7 @@ def scanned(monkeypatch) -> list[int]:
     """The lengths of the blocks the ε scans add up (two running sums per block)."""
     sizes: list[int] = []
     real = accounting._running_sums
-    monkeypatch.setattr(accounting, "_running_sums", lambda carry, values: sizes.append(len(values)) or real(carry, values))
+    monkeypatch.setattr(accounting.pld, "_running_sums", lambda carry, values: sizes.append(len(values)) or real(carry, values))
     return sizes
 
 
@@ -84,8 +84,8 @@ def test_the_tail_truncation_reads_the_tails(monkeypatch, z, q, h) -> None:
         tails.append((index, sum(reads)))
         return index
 
-    monkeypatch.setattr(accounting, "_tail_sums", lambda values: reads.append(len(values)) or real_sums(values))
-    monkeypatch.setattr(accounting, "_first_cumsum_over", scan)
+    monkeypatch.setattr(accounting.pld, "_tail_sums", lambda values: reads.append(len(values)) or real_sums(values))
+    monkeypatch.setattr(accounting.pld, "_first_cumsum_over", scan)
     one = sampled_gaussian(z, q, h)
     ours = theirs = sampled_gaussian(z, q, h).self_compose(50)
     for _ in range(20):

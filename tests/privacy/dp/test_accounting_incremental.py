@@ -57,7 +57,7 @@ def test_pmf_delta_is_dp_accountings_and_skips_the_dominated_direction(monkeypat
     # the add direction is settled by its δ at the remove direction's ε: one scan, not two
     scans = []
     real = accounting._pmf_epsilon
-    monkeypatch.setattr(accounting, "_pmf_epsilon", lambda pmf, d: scans.append(pmf) or real(pmf, d))
+    monkeypatch.setattr(accounting.pld, "_pmf_epsilon", lambda pmf, d: scans.append(pmf) or real(pmf, d))
     assert accounting.pld_epsilon_for_delta(dist, 1e-5) == pytest.approx(dist.get_epsilon_for_delta(1e-5), rel=1e-12)
     assert scans == [dist._pmf_remove]
 
@@ -82,7 +82,7 @@ def test_incremental_epsilon_equals_dp_accounting_after_every_round(every: int) 
 def test_each_new_round_costs_one_composition(monkeypatch) -> None:
     calls = []
     real = accounting.compose_pld
-    monkeypatch.setattr(accounting, "compose_pld", lambda a, b: calls.append(1) or real(a, b))
+    monkeypatch.setattr(accounting.pld, "compose_pld", lambda a, b: calls.append(1) or real(a, b))
     acc = Accountant(DELTA, value_discretization_interval=5e-3)
     acc.compose_round(1.0, 0.1)
     acc.epsilon()  # the first round is the running PLD itself

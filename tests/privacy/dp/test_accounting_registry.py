@@ -176,7 +176,7 @@ def test_a_checkpoint_written_before_the_split_resumes() -> None:
 def test_a_spy_set_on_the_package_sees_the_calls_made_inside_it(monkeypatch) -> None:
     calls = []
     real = accounting.compose_pld
-    monkeypatch.setattr(accounting, "compose_pld", lambda a, b: calls.append(1) or real(a, b))
+    monkeypatch.setattr(accounting.pld, "compose_pld", lambda a, b: calls.append(1) or real(a, b))
     assert pld_engine.compose_pld is not real
     acc = Accountant(DELTA, value_discretization_interval=5e-3)
     acc.compose_round(1.0, 0.1).compose_round(1.2, 0.1)

@@ -120,16 +120,12 @@ The package, split by concern (what happened is separate from how it is accounte
   ``fedsafe privacy epsilon`` / ``calibrate``.
 - ``common``: the vocabulary, checks and errors they share.
 
-Every name is importable from ``fedsafe.privacy.dp.accounting`` as before the split; setting one
-of them on this package (a test's spy) sets it in the module that defines it too, so the spy sees
-the calls made there.
+Every name is importable from ``fedsafe.privacy.dp.accounting`` as before the split. The code
+looks each name up in the module that defines it: a spy on, e.g., ``compose_pld`` is set there
+(``accounting.pld``).
 """
 
 from __future__ import annotations
-
-import sys
-import types
-from typing import Any
 
 from . import accountant, calibrate, common, distributed, engines, events, pld, rdp
 from .accountant import (
@@ -236,28 +232,3 @@ from .rdp import RdpEngine, _rdp_curve, _rdp_replace_one_event, _rdp_replace_one
 
 # The built-in accountants' names (``[dp] accountant``), sorted: "pld", "rdp".
 ACCOUNTANTS: tuple[str, ...] = tuple(ACCOUNTANT_ENGINES.names())
-
-_SUBMODULES = (common, events, engines, rdp, pld, distributed, accountant, calibrate)
-# The names this package takes from its submodules.
-_REEXPORTED = frozenset(
-    name
-    for name, value in list(globals().items())
-    if not name.startswith("__") and any(vars(m).get(name, _SUBMODULES) is value for m in _SUBMODULES)
-)
-
-
-class _Package(types.ModuleType):
-    """This package's module type: setting a re-exported name (``monkeypatch.setattr(accounting,
-    "compose_pld", spy)``) sets it as well in each submodule that binds the same object, whose
-    code looks it up there, so the spy sees those calls; undoing the patch restores them."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _REEXPORTED:
-            old = self.__dict__.get(name)
-            for module in _SUBMODULES:  # every module that binds the same object: its callers see the new one
-                if vars(module).get(name, _SUBMODULES) is old:
-                    setattr(module, name, value)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
