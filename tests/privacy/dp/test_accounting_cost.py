@@ -16,6 +16,8 @@ from fedsafe.privacy.dp import accounting
 from fedsafe.privacy.dp.accounting import Accountant
 from fedsafe.privacy.dp.accounting import pld as engine
 
+from test_accounting_incremental import replay
+
 DELTA = 1e-5
 PLD_ = pld.privacy_loss_distribution
 
@@ -123,16 +125,4 @@ def test_the_running_epsilon_is_unchanged_by_the_hint_across_a_checkpoint() -> N
     """An accountant resumed from a checkpoint has no last ε to size its first scan from: it
     reports the same bits as the uninterrupted one, which had it."""
     rounds = [(1.0, 0.05), (1.0, 0.05), (1.3, 0.05), (1.0, 0.1)] * 10
-
-    def run(resume_at: int | None) -> list[float]:
-        acc, out = Accountant(DELTA, value_discretization_interval=2e-3), []
-        for t, (z, q) in enumerate(rounds, 1):
-            acc.compose_round(z, q)
-            out.append(acc.epsilon())
-            if t == resume_at:
-                state = acc.state_dict()
-                acc = Accountant(DELTA, value_discretization_interval=2e-3)
-                acc.load_state_dict(state)
-        return out
-
-    assert run(None) == run(11) == run(29)
+    assert replay(rounds, None) == replay(rounds, 11) == replay(rounds, 29)

@@ -100,20 +100,24 @@ def test_each_new_round_costs_one_composition(monkeypatch) -> None:
     assert len(calls) - before == 1
 
 
-def test_checkpoint_replays_the_steps_bit_for_bit() -> None:
-    def run(resume_at: int | None) -> list[float]:
-        acc, out = Accountant(DELTA, value_discretization_interval=2e-3), []
-        for t, (z, q) in enumerate(ROUNDS, 1):
-            acc.compose_round(z, q)
-            if t % 3 == 0:  # ε on "evaluation rounds", a checkpoint on round 7
-                out.append(acc.epsilon())
-            if t == resume_at:
-                state = acc.state_dict()
-                acc = Accountant(DELTA, value_discretization_interval=2e-3)
-                acc.load_state_dict(state)
-        return out
+def replay(rounds: list[tuple[float, float]], resume_at: int | None, every: int = 1) -> list[float]:
+    """ε every ``every`` rounds of ``rounds`` ((z, q) each), the accountant saved and restored into
+    a fresh one after round ``resume_at`` (None: never)."""
+    acc, out = Accountant(DELTA, value_discretization_interval=2e-3), []
+    for t, (z, q) in enumerate(rounds, 1):
+        acc.compose_round(z, q)
+        if t % every == 0:
+            out.append(acc.epsilon())
+        if t == resume_at:
+            state = acc.state_dict()
+            acc = Accountant(DELTA, value_discretization_interval=2e-3)
+            acc.load_state_dict(state)
+    return out
 
-    assert run(None) == run(7)
+
+def test_checkpoint_replays_the_steps_bit_for_bit() -> None:
+    # ε on "evaluation rounds" (every third), a checkpoint on round 7
+    assert replay(ROUNDS, None, every=3) == replay(ROUNDS, 7, every=3)
     # at another interval the state is re-accounted from its records: an equal ε up to rounding
     acc = Accountant(DELTA, value_discretization_interval=2e-3)
     for z, q in ROUNDS:
