@@ -77,8 +77,9 @@ Accountants:
   before round 1 (:func:`planned_interval`: the one the refinement above settles on for the
   planned run, so the last round's ε is what :func:`epsilon` reports for the whole run). Each
   composition is dp-accounting's FFT convolution with its pessimistic tail truncation
-  (:func:`compose_pld`, vectorised), so the running PLD is at every round exactly what a
-  ``PLDAccountant`` composing the same events at that interval holds: an upper bound, like it.
+  (:func:`compose_pld`, vectorised, both directions in one batched transform), so the running
+  PLD is at every round what a ``PLDAccountant`` composing the same events at that interval
+  holds, up to FFT rounding: an upper bound, like it.
   A checkpoint stores the records and the composition steps, and a resumed run replays the steps
   once: the same ε, bit for bit.
 
@@ -199,18 +200,15 @@ from .events import (
     make_round_record,
 )
 from .pld import (
-    _CHUNK,
     _EPSILON_CHUNK,
     _EPSILON_FIRST,
     _EPSILON_MARGIN,
     _SPECTRA,
-    _TAIL_FIRST,
     PLD,
     PartsCache,
     PldEngine,
     _compose_pmfs,
     _dense_pld,
-    _first_cumsum_over,
     _one_round_pld,
     _one_round_points,
     _pld_epsilon_at,
@@ -219,8 +217,9 @@ from .pld import (
     _pmf_delta,
     _pmf_epsilon,
     _running_sums,
+    _tail_length,
     _tail_sums,
-    _spectrum,
+    _spectra,
     _truncate_tails,
     compose_pld,
     exact_gaussian_epsilon,

@@ -52,7 +52,8 @@ class Accountant:
       self-composed PLD), so ε after a new round costs one composition and one ε query, whatever
       the run's length. Each step is dp-accounting's convolution with its pessimistic rounding and
       tail truncation (:func:`compose_pld`), so the running PLD is an upper bound at every step
-      exactly as a ``PLDAccountant`` composing the same events at that interval is.
+      as a ``PLDAccountant`` composing the same events at that interval is (the same, up to FFT
+      rounding).
     - no interval: ε is recomputed from the grouped records by :func:`pld_epsilon`
       (discretization chosen per call, one-round PLDs cached), memoised until the next compose.
 
