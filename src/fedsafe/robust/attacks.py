@@ -49,6 +49,10 @@ class AttackContext:
     # Client ids of the rows of ``honest`` (same order). Optional; only ``mimic`` uses it, to keep
     # copying the same *client* when participants are sampled and rows change meaning per round.
     honest_ids: tuple[int, ...] | None = None
+    # The server's own update on its root dataset this round (FLTrust's g0), or None when the rule
+    # has none. Only the adaptive attacks on FLTrust read it: they assume, as Cao et al.'s adaptive
+    # attack does, an attacker who knows the root dataset and so the server's update.
+    server_update: Tensor | None = None
 
 
 #: Attacks whose Byzantine clients train on backdoored data (fedsafe.robust.backdoor).
