@@ -244,8 +244,8 @@ class ClientWork:
         flat, shape = idx.reshape(-1), tuple(idx.shape)
         x = self.data.x_train.index_select(0, flat).view(*shape, *self.data.x_train.shape[1:])
         y = self.data.y_train.index_select(0, flat).view(shape)
-        if poison is not None:
-            x, y = poison(x, y, self.data.num_classes)
+        if poison is not None:  # a per-client poison (DBA's trigger parts) is told whose rows these are
+            x, y = poison(x, y, self.data.num_classes, ids) if getattr(poison, "per_client", False) else poison(x, y, self.data.num_classes)
         return x, y
 
     def run(
