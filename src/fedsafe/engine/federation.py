@@ -188,6 +188,8 @@ class Federation:
         except ValueError as e:
             raise ConfigError([str(e)]) from None
         self.byzantine = byzantine_ids(seed, cfg.clients.num_clients, cfg.attack.f)
+        if hasattr(self.poison, "bind"):  # a poison that differs per Byzantine client (DBA) learns who they are
+            self.poison = self.poison.bind(self.byzantine)
         self._byzantine_mask = np.zeros(cfg.clients.num_clients, dtype=bool)
         self._byzantine_mask[list(self.byzantine)] = True
         sv = cfg.server
@@ -499,6 +501,7 @@ class Federation:
             state=self.state.attack_state,
             own_updates=own,
             honest_ids=tuple(map(int, honest_ids)),
+            server_update=self.pipeline.server_update,  # FLTrust's root update (adaptive attacks that know it)
         )
         out = self.attack(honest, ctx=actx)
         if out.shape != (len(byz), honest.shape[1]):
