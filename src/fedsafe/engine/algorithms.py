@@ -6,6 +6,10 @@ global model and sends its local momentum ``m ← βm + (1−β)(g + λw)``.
 the server's descent direction is the negated mean delta (server lr 1 = plain FedAvg). With
 ``local_epochs = E`` a client of ``n_i`` samples runs ``E·⌈n_i/B⌉`` steps; clients that finish
 early are masked out of later steps, so all clients still move in one batched call.
+
+Both take their gradients from ``work.gradients`` (the seeded minibatch gradient, or under
+``dp.unit = "example"`` each honest client's DP-SGD gradient: ``fedsafe.privacy.dp.dpsgd``), so
+example-level DP runs the same local training, one private gradient per step.
 """
 
 from __future__ import annotations
@@ -29,8 +33,7 @@ class DSGD(ClientAlgorithm):
         cfg = work.cfg
         if momentum is None:
             raise ValueError("dsgd needs the clients' momentum rows")
-        x, y = work.batch(round_, 0, ids, poison)
-        g, losses = work.backend.gradients(params, x, y)  # a fresh (n, d) tensor: updated in place
+        g, losses = work.gradients(round_, 0, params, ids, poison)  # a fresh (n, d) tensor: updated in place
         if cfg.weight_decay:
             g.add_(params, alpha=cfg.weight_decay)
         if cfg.momentum:  # m = βm + (1 − β)g, one fused pass over g
@@ -49,10 +52,9 @@ class FedAvg(ClientAlgorithm):
         losses = params.new_zeros(len(ids))
         for s in range(int(steps.max(initial=0))):
             active = np.flatnonzero(steps > s)
-            x, y = work.batch(round_, s, ids[active], poison)
             rows = torch.from_numpy(active)
             w = local[rows]
-            g, l = work.backend.gradients(params if s == 0 else w, x, y)
+            g, l = work.gradients(round_, s, params if s == 0 else w, ids[active], poison)
             if s == 0:
                 losses[rows] = l
             if cfg.weight_decay:

@@ -201,6 +201,24 @@ class ClientWork:
                 self.steps = epochs * -(-sizes // cfg.batch_size)
         else:
             self.steps = np.ones(len(sizes), dtype=np.int64)
+        self.private_gradients = None  # example-level DP's oracle (use_private_gradients), if any
+
+    def use_private_gradients(self, oracle) -> None:
+        """Have the honest clients' steps compute their gradients with ``oracle(work, round,
+        step, params, ids) -> (grads[n, d], losses[n])`` instead of the seeded minibatch
+        gradient (example-level DP: ``fedsafe.privacy.dp.dpsgd.DPSGDClients``, handed over by the
+        DP plugin's ``configure_clients``). Byzantine clients (those given a poison) are not
+        bound by DP and keep the plain gradient."""
+        self.private_gradients = oracle
+
+    def gradients(self, round_: int, step: int, params: Tensor, ids: np.ndarray, poison=None) -> tuple[Tensor, Tensor]:
+        """Clients ``ids``' gradients at local step ``step`` of round ``round_``, at ``params``
+        (one flat model, or one row per client): the private oracle's for honest clients when
+        one is set, else the backend's gradient of their seeded minibatches (:meth:`batch`)."""
+        if self.private_gradients is not None and poison is None:
+            return self.private_gradients(self, round_, step, params, ids)
+        x, y = self.batch(round_, step, ids, poison)
+        return self.backend.gradients(params, x, y)
 
     @property
     def keeps_momentum(self) -> bool:

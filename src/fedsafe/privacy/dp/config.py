@@ -241,6 +241,17 @@ class DPConfig(BaseModel):
         description="calibrate the noise multiplier to reach this epsilon after all rounds "
         "(exclusive with noise_multiplier)",
     )
+    unit: Literal["client", "example"] = Field(
+        "client",
+        description="what DP protects: 'client' (each client's whole update, DP-FedAvg) or 'example' "
+        "(each record of a client's dataset: DP-SGD at every local step, private against the server)",
+    )
+    example_sampling: Literal["poisson", "fixed"] = Field(
+        "poisson",
+        description="unit = 'example': how a client samples its records at each step: 'poisson' (each "
+        "with probability clients.batch_size / its record count; add/remove-one) or 'fixed' "
+        "(clients.batch_size records without replacement; replace-one, accountant 'rdp')",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> DPConfig:
@@ -249,6 +260,25 @@ class DPConfig(BaseModel):
                 "set either dp.noise_multiplier or dp.target_epsilon, not both "
                 "(dp.target_epsilon calibrates the noise multiplier)"
             )
+        if self.unit == "example":
+            if self.placement != "local":
+                raise ValueError(
+                    f"dp.placement = {self.placement!r} with dp.unit = 'example': example-level DP adds its "
+                    "noise at each client's every local step (DP-SGD), which is local by nature; "
+                    "set dp.placement = 'local'"
+                )
+            if self.adaptive:
+                raise ValueError(
+                    "dp.adaptive with dp.unit = 'example': adaptive clipping tunes a client-level clip norm "
+                    "from the clients' unclipped bits; example-level DP clips each record's gradient to the "
+                    "fixed dp.clip: set dp.adaptive = false"
+                )
+            if self.example_sampling == "fixed" and self.accountant != "rdp":
+                raise ValueError(
+                    "dp.example_sampling = 'fixed' (records sampled without replacement, replace-one) is "
+                    "accounted only by dp-accounting's RDP: set dp.accountant = 'rdp' or "
+                    "dp.example_sampling = 'poisson'"
+                )
         if self.adaptive and self.placement == "local":
             raise ValueError(
                 "dp.adaptive with dp.placement = 'local': adaptive clipping needs each client's "
@@ -318,6 +348,8 @@ class DPConfig(BaseModel):
         if not self.enabled:
             return
         _accounting()._check_count("rounds", rounds, 1)
+        if self.unit == "example":
+            return  # the per-client record checks need the clients' data: make_plugin
         if self.target_epsilon is not None and self.placement == "distributed":
             raise ValueError(DISTRIBUTED_TARGET)
         s, rel = self._where(sampling)
@@ -413,6 +445,8 @@ def make_plugin(setup: Any) -> Any:
     cfg = setup.cfg
     if not cfg.dp.enabled:
         return None
+    if cfg.dp.unit == "example":
+        return make_example_plugin(setup)
     from fedsafe.privacy.dp.plugin import DPPlugin
 
     c = cfg.clients
@@ -424,3 +458,48 @@ def make_plugin(setup: Any) -> Any:
     except ValueError as e:
         raise ConfigError([str(e)]) from None
     return DPPlugin(plan, setup.source)
+
+
+def make_example_plugin(setup: Any) -> Any:
+    """``dp.unit = "example"``: DP-SGD at each honest client (``fedsafe.privacy.dp.dpsgd``).
+    Refuses, with what to set, the client algorithms and executions that cannot run it."""
+    cfg = setup.cfg
+    c, dp = cfg.clients, cfg.dp
+    problems = []
+    if c.gradient != "backprop":
+        problems.append(
+            "dp.unit = 'example' needs per-example gradients: set clients.gradient = 'backprop' "
+            f"(got {c.gradient!r}; forward-only clients have none to clip)"
+        )
+    if c.algorithm not in ("dsgd", "fedavg"):
+        problems.append(
+            f"dp.unit = 'example' runs DP-SGD in the dsgd and fedavg clients: set clients.algorithm to one "
+            f"of them (got {c.algorithm!r})"
+        )
+    if cfg.execution == "ray":
+        problems.append(
+            "dp.unit = 'example' with execution = 'ray': the DP-SGD clients run in process; "
+            "set execution = 'auto', 'serial' or 'vectorized'"
+        )
+    if problems:
+        raise ConfigError(problems)
+    from fedsafe.privacy.dp import dpsgd
+
+    sizes = tuple(int(v) for v in setup.client_sizes)
+    try:
+        z = DEFAULT_NOISE_MULTIPLIER if dp.noise_multiplier is None else float(dp.noise_multiplier)
+        settings = dpsgd.DPSGDSettings(dp.clip, z, c.batch_size, dp.example_sampling)
+        if dp.target_epsilon is not None:
+            steps = dpsgd.planned_steps(c.algorithm, sizes, c.batch_size, c.local_steps, c.local_epochs)
+            try:
+                z = dpsgd.calibrate_example_noise(
+                    float(dp.target_epsilon), settings, sizes, steps, cfg.rounds, delta=dp.delta, accountant=dp.accountant
+                )
+            except ValueError as err:
+                raise ValueError(f"dp.target_epsilon: {err}") from None
+            settings = dpsgd.DPSGDSettings(dp.clip, z, c.batch_size, dp.example_sampling)
+        return dpsgd.ExampleDPPlugin(settings, setup.source, sizes, delta=dp.delta, accountant=dp.accountant)
+    except _accounting().UnsupportedAccountingError as err:
+        raise ConfigError([f"dp.accountant: {err}"]) from None
+    except ValueError as err:
+        raise ConfigError([str(err)]) from None

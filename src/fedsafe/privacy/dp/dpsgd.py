@@ -1,0 +1,387 @@
+"""Example-level DP at each client: DP-SGD local steps (``dp.unit = "example"``).
+
+Every local step of every honest client is one DP-SGD step (Abadi et al. 2016) on that client's
+own records, as Opacus computes it:
+
+    sample a batch of the client's n_i records       Poisson, rate q_i = B/n_i (or B of n_i
+                                                     without replacement: ``example_sampling``)
+    g_j   = ∇ℓ(w; x_j, y_j)                          per example, one vmap(grad) call
+    ḡ_j   = g_j · min(1, C / (‖g_j‖₂ + 1e-6))        Opacus's clipping factor
+    g̃     = (Σ_j ḡ_j + N(0, (zC)² I_d)) / B         divided by the EXPECTED batch size B
+
+and the client algorithm (``dsgd``: momentum on g̃; ``fedavg``: local SGD on g̃) uses g̃ where it
+would use the minibatch gradient. Everything the client sends is post-processing of the g̃, so
+each record of client i is protected against everyone who sees its messages — the server
+included — whatever robust rule, attack or protocol follows (Byzantine clients are not bound by
+DP: they train without it).
+
+Accounting, per client (``ExampleAccounting``): each step is a sampled Gaussian mechanism with
+multiplier z on the client's dataset — ``PoissonSampledDpEvent(q_i, GaussianDpEvent(z))``
+(add/remove one record) or ``SampledWithoutReplacementDpEvent(n_i, B, GaussianDpEvent(z))``
+(replace one record; RDP) — composed over every step of every round the client took part in
+(the server sees who takes part, so client sampling amplifies nothing). The clients' ε differ
+with their dataset sizes and the rounds they were sampled in; the headline ``epsilon`` is the
+worst client's. The events are composed by fedsafe's :class:`~fedsafe.privacy.dp.accounting.
+Accountant` (dp-accounting's RDP or PLD).
+
+Randomness: the record sample and the noise of client i at (round, step) come from the
+streams ``("dp.example_sample", round, client, step)`` and ``("dp.example_noise", round, client,
+step)`` of the run's :class:`~fedsafe.core.randomness.RandomSource` — secret unless the user
+opts into seeded randomness (``secure_randomness = false``).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.func import grad_and_value, vmap
+
+from fedsafe.core.plugins import ClientTransform, Observer
+from fedsafe.core.randomness import RandomSource, sample_subset
+
+#: Opacus's stabiliser in the clipping factor min(1, C / (‖g‖ + 1e-6)).
+CLIP_STABILISER = 1e-6
+#: Per-example gradients are computed in vmap calls whose (E, d) output takes at most this.
+CHUNK_BYTES = 64 << 20
+EXAMPLE_SAMPLINGS = ("poisson", "fixed")
+
+#: ``loss(flat_params[d], x[b, ...], y[b]) -> scalar`` (the batch mean), as the backends build it.
+LossFn = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+
+def per_example_gradients(
+    loss: LossFn, params: Tensor, x: Tensor, y: Tensor, *, owner: Tensor | None = None,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> tuple[Tensor, Tensor]:
+    """Per-example gradients and losses, ``(E, d)`` and ``(E,)``, in ``vmap(grad_and_value)`` calls.
+
+    ``params`` is one flat model ``(d,)`` shared by every example, or ``(n, d)`` models with
+    ``owner[e]`` the row example ``e`` is evaluated at (a client's diverged local model). Each
+    example is fed as a batch of one, so ``loss`` (a batch mean) is that example's loss."""
+    e, d = x.shape[0], params.shape[-1]
+    if y.shape[0] != e:
+        raise ValueError(f"x and y disagree on the number of examples: {e} vs {y.shape[0]}")
+    if params.ndim == 2 and (owner is None or owner.shape[0] != e):
+        raise ValueError("per-model params (n, d) need owner, one row index per example")
+    grads, losses = params.new_empty((e, d)), params.new_empty((e,))
+    if e == 0:
+        return grads, losses
+
+    def one(p: Tensor, xb: Tensor, yb: Tensor) -> tuple[Tensor, Tensor]:
+        return loss(p, xb.unsqueeze(0), yb.unsqueeze(0))
+
+    shared = params.ndim == 1
+    fn = vmap(grad_and_value(one), in_dims=(None if shared else 0, 0, 0))
+    step = max(1, chunk_bytes // (d * params.element_size()))
+    for a in range(0, e, step):
+        b = min(e, a + step)
+        p = params if shared else params.index_select(0, owner[a:b])
+        grads[a:b], losses[a:b] = fn(p, x[a:b], y[a:b])
+    return grads, losses
+
+
+def clip_factors(norms: Tensor, clip: float) -> Tensor:
+    """Opacus's per-example clipping factors ``min(1, C / (‖g‖ + 1e-6))``."""
+    return (clip / (norms + CLIP_STABILISER)).clamp(max=1.0)
+
+
+def clipped_sums(grads: Tensor, owner: Tensor, n: int, clip: float) -> tuple[Tensor, Tensor]:
+    """``(sums[n, d], norms[E])``: each client's sum of its examples' clipped gradients (row
+    ``owner[e]`` gets example e) and the norms before clipping. ``grads`` is scaled in place."""
+    norms = torch.linalg.vector_norm(grads, dim=1)
+    grads.mul_(clip_factors(norms, clip).unsqueeze(1))
+    sums = grads.new_zeros((n, grads.shape[1]))
+    sums.index_add_(0, owner, grads)
+    return sums, norms
+
+
+@dataclass(frozen=True)
+class DPSGDSettings:
+    """The numbers of one DP-SGD step: per-example ``clip`` C, noise multiplier ``z`` (noise
+    std / C on the sum), the expected batch size ``batch_size`` B (the divisor) and how the
+    records are sampled (``poisson``: each record with probability min(1, B/n_i); ``fixed``:
+    B of the n_i without replacement)."""
+
+    clip: float
+    z: float
+    batch_size: int
+    sampling: str = "poisson"
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.clip) and self.clip > 0):
+            raise ValueError(f"dp.clip must be a finite number > 0, got {self.clip}")
+        if not (math.isfinite(self.z) and self.z >= 0):
+            raise ValueError(f"dp.noise_multiplier must be a finite number >= 0, got {self.z}")
+        if self.batch_size < 1:
+            raise ValueError(f"clients.batch_size must be >= 1, got {self.batch_size}")
+        if self.sampling not in EXAMPLE_SAMPLINGS:
+            raise ValueError(f"dp.example_sampling must be one of {', '.join(EXAMPLE_SAMPLINGS)}, got {self.sampling!r}")
+
+    def rate(self, records: int) -> float:
+        """q_i = min(1, B/n_i): a record's chance of being in a Poisson batch."""
+        return min(1.0, self.batch_size / records) if records > 0 else 0.0
+
+
+class DPSGDClients:
+    """The honest clients' private gradient oracle, which the DP plugin hands the client work
+    (``ClientWork.use_private_gradients``): ``oracle(work, round, step, params, ids)`` returns
+    each client's DP-SGD gradient g̃ ``(n, d)`` and its mean loss over the sampled records
+    (NaN for an empty Poisson batch, which has none) — where a non-private client computes the
+    gradient of its seeded minibatch. It counts every step each client took (``steps``): what
+    the accountant composes."""
+
+    def __init__(self, settings: DPSGDSettings, source: RandomSource, client_sizes: Sequence[int]) -> None:
+        self.settings = settings
+        self.source = source
+        self.sizes = np.asarray(client_sizes, dtype=np.int64)
+        self.steps = np.zeros(len(self.sizes), dtype=np.int64)
+        self.last_clipped_fraction: float | None = None
+        self._clipped = [0, 0]  # clipped examples, examples, since the plugin last read them
+        if settings.sampling == "fixed":
+            small = np.flatnonzero(self.sizes < settings.batch_size)
+            if small.size:
+                raise ValueError(
+                    f"dp.example_sampling = 'fixed' samples clients.batch_size = {settings.batch_size} records "
+                    f"without replacement, but {small.size} client(s) hold fewer (smallest: {int(self.sizes.min())}); "
+                    "lower clients.batch_size or use dp.example_sampling = 'poisson'"
+                )
+
+    def sample(self, round_: int, step: int, cid: int) -> np.ndarray:
+        """Positions (into the client's own records) of client ``cid``'s batch at (round, step)."""
+        n = int(self.sizes[cid])
+        stream = self.source.stream("dp.example_sample", round_, cid, step)
+        if self.settings.sampling == "fixed":
+            return sample_subset(stream, n, self.settings.batch_size)
+        return np.flatnonzero(stream.uniform(n) < self.settings.rate(n))
+
+    def noise(self, round_: int, step: int, cid: int, dim: int, dtype: torch.dtype) -> Tensor:
+        """N(0, (zC)² I_d) of client ``cid`` at (round, step), from its own stream."""
+        s = self.settings
+        return self.source.stream("dp.example_noise", round_, cid, step).normal(dim, dtype) * (s.z * s.clip)
+
+    def __call__(self, work: Any, round_: int, step: int, params: Tensor, ids: np.ndarray) -> tuple[Tensor, Tensor]:
+        s, data = self.settings, work.data
+        ids = np.asarray(ids, dtype=np.int64)
+        n, d = len(ids), params.shape[-1]
+        rows = [np.asarray(data.client_indices[c], dtype=np.int64)[self.sample(round_, step, int(c))] for c in ids]
+        counts = np.array([len(r) for r in rows], dtype=np.int64)
+        flat = torch.from_numpy(np.concatenate(rows) if n else np.zeros(0, np.int64))
+        owner = torch.from_numpy(np.repeat(np.arange(n, dtype=np.int64), counts))
+        x = data.x_train.index_select(0, flat)
+        y = data.y_train.index_select(0, flat)
+        grads, losses = per_example_gradients(work.loss_fn(), params, x, y, owner=None if params.ndim == 1 else owner)
+        sums, norms = clipped_sums(grads, owner, n, s.clip)
+        del grads
+        self._clipped[0] += int((norms + CLIP_STABILISER > s.clip).sum())
+        self._clipped[1] += int(norms.numel())
+        if s.z > 0:
+            for i, c in enumerate(ids):
+                sums[i].add_(self.noise(round_, step, int(c), d, sums.dtype).to(sums.device))
+        sums.div_(s.batch_size)
+        loss_sum = params.new_zeros((n,)).index_add_(0, owner, losses.detach())
+        mean_loss = loss_sum / torch.from_numpy(counts).to(loss_sum.dtype)  # 0/0 = NaN: an empty batch
+        self.steps[ids] += 1
+        return sums, mean_loss
+
+    def take_clipped_fraction(self) -> float | None:
+        """The fraction of sampled examples clipped since the last call (None: none sampled)."""
+        clipped, total = self._clipped
+        self._clipped = [0, 0]
+        return clipped / total if total else None
+
+
+class ExampleAccounting:
+    """Per-client ε of example-level DP: client i's steps composed as its sampled Gaussian events
+    by fedsafe's :class:`~fedsafe.privacy.dp.accounting.Accountant` (one per distinct
+    (n_i, steps), cached: clients of equal size and participation share one)."""
+
+    def __init__(self, settings: DPSGDSettings, client_sizes: Sequence[int], *, delta: float, accountant: str) -> None:
+        from fedsafe.privacy.dp import accounting
+
+        self.settings = settings
+        self.sizes = np.asarray(client_sizes, dtype=np.int64)
+        self.delta = float(delta)
+        self.accountant = accountant
+        self.neighboring = accounting.natural_neighboring(self.sampling_for(int(self.sizes.max(initial=1))))
+        self._cache: dict[tuple[int, int], float] = {}
+
+    def sampling_for(self, records: int) -> str:
+        """The accounting sampling of one step on ``records`` records."""
+        if self.settings.sampling == "fixed":
+            return "fixed"
+        return "none" if self.settings.rate(records) >= 1.0 else "poisson"
+
+    def new_accountant(self) -> Any:
+        from fedsafe.privacy.dp import accounting
+
+        return accounting.Accountant(self.delta, self.accountant, self.neighboring)
+
+    def compose(self, acc: Any, records: int, steps: int) -> Any:
+        """Compose ``steps`` DP-SGD steps on a client of ``records`` records into ``acc``."""
+        s = self.settings
+        sampling = self.sampling_for(records)
+        if sampling == "fixed":
+            return acc.compose_round(s.z, None, "fixed", num_clients=records, sample_size=s.batch_size, count=steps)
+        q = s.rate(records) if sampling == "poisson" else None
+        return acc.compose_round(s.z, q, sampling, count=steps)
+
+    def check(self) -> None:
+        """Raise ValueError if the accountant cannot account these clients' steps."""
+        from fedsafe.privacy.dp import accounting
+
+        acc = self.new_accountant()
+        for records in sorted(set(int(v) for v in self.sizes)):
+            sampling = self.sampling_for(records)
+            fixed = sampling == "fixed"
+            rec = accounting.make_round_record(
+                max(self.settings.z, 1e-9), self.settings.rate(records) if sampling == "poisson" else None, sampling,
+                records if fixed else None, self.settings.batch_size if fixed else None,
+            )
+            acc.check_supported(rec)
+
+    def client_epsilon(self, records: int, steps: int) -> float:
+        """ε at δ of a client of ``records`` records after ``steps`` DP-SGD steps."""
+        if steps <= 0:
+            return 0.0
+        key = (int(records), int(steps))
+        if key not in self._cache:
+            self._cache[key] = float(self.compose(self.new_accountant(), records, steps).epsilon())
+        return self._cache[key]
+
+    def epsilons(self, steps: np.ndarray) -> dict[int, float]:
+        """{client id: ε} for every client that has taken at least one step."""
+        return {int(c): self.client_epsilon(int(self.sizes[c]), int(steps[c])) for c in np.flatnonzero(steps > 0)}
+
+    def report(self, steps: np.ndarray) -> dict[str, float]:
+        """The metrics row's figures: ``epsilon`` (the worst client's, the headline),
+        ``epsilon_min`` / ``epsilon_median`` / ``epsilon_max`` over the clients that took a step,
+        ``epsilon_worst_client`` (its id, lowest on ties) and ``private_clients`` (how many)."""
+        eps = self.epsilons(steps)
+        if not eps:
+            return {"epsilon": 0.0, "epsilon_min": 0.0, "epsilon_median": 0.0, "epsilon_max": 0.0, "private_clients": 0}
+        values = list(eps.values())
+        worst = max(eps, key=lambda c: (eps[c], -c))
+        return {
+            "epsilon": eps[worst],
+            "epsilon_min": min(values),
+            "epsilon_median": float(statistics.median(values)),
+            "epsilon_max": eps[worst],
+            "epsilon_worst_client": worst,
+            "private_clients": len(values),
+        }
+
+
+def planned_steps(algorithm: str, client_sizes: Sequence[int], batch_size: int, local_steps: int | None,
+                  local_epochs: int | None) -> np.ndarray:
+    """The local steps each client takes per round (as ``ClientWork.steps``: fedavg's
+    ``local_steps``, or ``E·⌈n_i/B⌉`` for ``local_epochs = E``; one for dsgd)."""
+    sizes = np.asarray(client_sizes, dtype=np.int64)
+    if algorithm != "fedavg":
+        return np.ones(len(sizes), dtype=np.int64)
+    if local_steps is not None:
+        return np.full(len(sizes), int(local_steps), dtype=np.int64)
+    return (local_epochs or 1) * -(-sizes // batch_size)
+
+
+def calibrate_example_noise(
+    target: float, settings: DPSGDSettings, client_sizes: Sequence[int], steps_per_round: np.ndarray, rounds: int,
+    *, delta: float, accountant: str,
+) -> float:
+    """The smallest z whose worst client's ε after ``rounds`` rounds, taking part in every one,
+    is at most ``target``. Calibrated for the largest sampling rate and the most steps (an upper
+    bound on every client's: ε grows with both), with ``accounting.calibrate_noise``."""
+    from fedsafe.privacy.dp import accounting
+
+    sizes = np.asarray(client_sizes, dtype=np.int64)
+    acc = ExampleAccounting(settings, sizes, delta=delta, accountant=accountant)
+    small = int(sizes.min())
+    sampling = acc.sampling_for(small)
+    total = int(np.max(steps_per_round)) * int(rounds)
+    fixed = sampling == "fixed"
+    return accounting.calibrate_noise(
+        target, settings.rate(small) if sampling == "poisson" else None, total, delta, sampling, accountant,
+        small if fixed else None, sample_size=settings.batch_size if fixed else None, neighboring=acc.neighboring,
+    )
+
+
+class ExampleDPPlugin(ClientTransform, Observer):
+    """The ``[dp]`` round plugin with ``unit = "example"``: hands the client work the DP-SGD
+    oracle (``configure_clients``), leaves the messages as the clients made them (they are
+    already private: no client-level clipping, no server noise) and accounts each client's steps
+    (``on_round_end``: the worst client's ε and the distribution into the row; the step counts
+    into the checkpoint, so a resumed run reports the same ε)."""
+
+    name = "dp"
+
+    def __init__(self, settings: DPSGDSettings, source: RandomSource, client_sizes: Sequence[int], *,
+                 delta: float, accountant: str) -> None:
+        self.settings = settings
+        self.source = source
+        self.oracle = DPSGDClients(settings, source, client_sizes)
+        self.accounting = ExampleAccounting(settings, client_sizes, delta=delta, accountant=accountant)
+        self.accounting.check()
+
+    # -- client side
+    def message_dim(self, dim: int) -> int:
+        return dim
+
+    def configure_clients(self, work: Any) -> None:
+        from fedsafe.core.errors import ConfigError
+
+        use = getattr(work, "use_private_gradients", None)
+        if getattr(work, "remote_clients", False) or use is None:
+            raise ConfigError([
+                "dp.unit = 'example' runs DP-SGD inside the in-process client work; these clients "
+                f"({type(work).__name__}) cannot run it: use execution = 'auto', 'serial' or 'vectorized'"
+            ])
+        use(self.oracle)
+
+    def transform_honest(self, updates: Tensor, ctx: Any, ids: np.ndarray) -> Tensor:
+        return updates  # each step was already private: what the client sends is post-processing
+
+    # -- observer
+    def on_round_end(self, fed: Any, row: dict[str, Any]) -> dict[str, Any]:
+        s = self.settings
+        out: dict[str, Any] = {"delta": self.accounting.delta, "clip": s.clip, "noise_multiplier": s.z}
+        t, cfg = row["round"], fed.cfg
+        if self.accounting.accountant == "rdp" or t % cfg.eval_every == 0 or t >= cfg.rounds:
+            out.update(self.accounting.report(self.oracle.steps))
+        frac = self.oracle.take_clipped_fraction()
+        if frac is not None:
+            out["clipped_fraction"] = frac
+        return out
+
+    def summary(self, fed: Any) -> dict[str, Any]:
+        eps = self.accounting.epsilons(self.oracle.steps)
+        report = self.accounting.report(self.oracle.steps)
+        return {
+            "dp_unit": "example",
+            "noise_multiplier": self.settings.z,
+            "example_sampling": self.settings.sampling,
+            "accountant": self.accounting.accountant,
+            "neighboring": self.accounting.neighboring,
+            "epsilon_observer": "server",
+            **{k: v for k, v in report.items() if k != "epsilon"},
+            "epsilon_per_client": {str(c): e for c, e in sorted(eps.items())},
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"unit": "example", "steps": [int(v) for v in self.oracle.steps]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not state:
+            return
+        steps = np.asarray(state.get("steps", ()), dtype=np.int64)
+        if state.get("unit") != "example" or steps.shape != self.oracle.steps.shape:
+            raise ValueError(
+                "dp: the checkpoint's DP state is not example-level DP over this run's clients "
+                f"(unit {state.get('unit', 'client')!r}, {steps.size} clients; this run: {self.oracle.steps.size})"
+            )
+        self.oracle.steps[:] = steps
