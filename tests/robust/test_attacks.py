@@ -89,6 +89,11 @@ EXPECTED = {
     "fang_trimmed_mean": {"b": 2.0},
     "fang_krum": {"threshold": 1e-5, "eps": 0.0},
     "he_invalid_digits": {"fraction": 1.0},
+    "dba": {"target": 2, "parts": 4, "size": 4, "gap": 2, "fraction": 20 / 64, "scale": 1.0},
+    "neurotoxin": {"target": 0, "size": 3, "fraction": 0.5, "ratio": 0.95, "benign": "honest_mean", "boost": 1.0},
+    "edge_case_backdoor": {"source": 7, "target": 1, "angle": 90.0, "fraction": 0.5, "eps": None, "boost": 1.0},
+    "adaptive_fltrust": {"cos_min": 0.1, "grid": 21, "refine": 12},
+    "adaptive_flame": {"target": 0, "size": 3, "fraction": 0.5, "steps": 20},
 }
 
 
@@ -103,7 +108,8 @@ def test_registry_names_and_defaults():
 
 
 def test_needs_own_updates_and_label_transforms():
-    own = {"none", "label_flip", "pattern_backdoor", "model_replacement", "constrain_and_scale"}
+    own = {"none", "label_flip", "pattern_backdoor", "model_replacement", "constrain_and_scale",
+           "dba", "neurotoxin", "edge_case_backdoor", "adaptive_flame"}
     assert all(needs_own_updates(n) for n in own)
     assert not any(needs_own_updates(n) for n in EXPECTED if n not in own)
     y = torch.arange(10)

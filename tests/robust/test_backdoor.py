@@ -156,7 +156,8 @@ def test_backdoor_attacks_against_naive_twins():
         ATTACKS.get("pattern_backdoor", {"fraction": 1.5})(honest, ctx=ctx)
     with pytest.raises(ValueError, match="own updates"):
         ATTACKS.get("model_replacement", {})(honest, ctx=_ctx(10, 2, None))
-    assert BACKDOOR_ATTACKS == {"pattern_backdoor", "model_replacement", "constrain_and_scale"}
+    assert BACKDOOR_ATTACKS == {"pattern_backdoor", "model_replacement", "constrain_and_scale",
+                                "dba", "neurotoxin", "edge_case_backdoor", "adaptive_flame"}
 
 
 # --- through the engine --------------------------------------------------------------------------

@@ -56,7 +56,10 @@ class AttackContext:
 
 
 #: Attacks whose Byzantine clients train on backdoored data (fedsafe.robust.backdoor).
-BACKDOOR_ATTACKS: frozenset[str] = frozenset({"pattern_backdoor", "model_replacement", "constrain_and_scale"})
+BACKDOOR_ATTACKS: frozenset[str] = frozenset({
+    "pattern_backdoor", "model_replacement", "constrain_and_scale",
+    "dba", "neurotoxin", "edge_case_backdoor", "adaptive_flame",
+})
 
 
 def needs_own_updates(name: str) -> bool:
@@ -312,6 +315,244 @@ def constrain_and_scale(
     norms = torch.linalg.vector_norm(byz.to(torch.float64), dim=1)
     scale = torch.where(norms > bound, bound / norms, torch.ones_like(norms))
     return (byz.to(torch.float64) * scale[:, None]).to(byz.dtype)
+
+
+def _number(value: object, name: str, what: str, lo: float, hi: float, *, lo_open: bool = False,
+            hi_open: bool = False) -> float:
+    """``value`` as a float inside the range, else ValueError naming the field and the range."""
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    if ok:
+        v = float(value)
+        ok = (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
+    if not ok:
+        rng = f"{'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
+        raise ValueError(f"attack {name!r}: {what} must be a number in {rng}, got {value!r}")
+    return float(value)
+
+
+@ATTACKS.register("dba")
+def dba(
+    honest: Tensor, *, ctx: AttackContext, target: int = 2, parts: int = 4, size: int = 4, gap: int = 2,
+    fraction: float = 20 / 64, scale: float = 1.0,
+) -> Tensor:
+    """Distributed backdoor attack (Xie, Huang, Chen, Li, "DBA: Distributed backdoor attacks
+    against federated learning", ICLR 2020): the global trigger is split into ``parts`` local
+    patterns and each Byzantine client trains with only its own part; the attack success rate
+    is measured with the global trigger, which no client ever trained on.
+
+    Trigger (fedsafe.robust.backdoor.dba_triggers): part k is a 1 × ``size`` white bar at row
+    (k // 2)(1 + gap), column (k % 2)(size + gap); the defaults are the reference code's MNIST
+    layout (4 bars of 1 × 4, gap 2, top-left). Byzantine client i takes part rank(i) mod parts,
+    rank among the sorted Byzantine ids (the reference's ``adversarial_index``). Each batch's
+    first ⌈fraction · B⌉ samples are poisoned, relabelled ``target`` (defaults: the reference's
+    ``poisoning_per_batch`` = 20 of 64 and ``poison_label_swap`` = 2). The updates are sent times
+    ``scale`` (the paper's γ: 100 for its single-shot MNIST attack, 1 = no scaling, for the
+    multi-shot attack fedsafe runs every round). Images only; 8 × 8 digits need e.g.
+    size = 3, gap = 1."""
+    scale = _number(scale, "dba", "scale", 0.0, math.inf, lo_open=True, hi_open=True)
+    return _backdoor_updates(honest, ctx, "dba", fraction) * scale
+
+
+_BENIGN = ("honest_mean", "previous_aggregate")
+
+
+def neurotoxin_mask(benign: Tensor, ratio: float) -> Tensor:
+    """Neurotoxin's mask: True on the ``⌊ratio · d⌋`` coordinates of smallest ``|benign|``
+    (those the benign clients update least), False on the rest (the top ``1 − ratio``); ties
+    by the lowest index (a stable sort). ``ratio = 1`` keeps every coordinate."""
+    d = benign.shape[0]
+    keep = int(math.floor(ratio * d))
+    order = torch.sort(benign.detach().abs().to(torch.float64), stable=True).indices
+    mask = torch.zeros(d, dtype=torch.bool, device=benign.device)
+    mask[order[:keep]] = True
+    return mask
+
+
+@ATTACKS.register("neurotoxin")
+def neurotoxin(
+    honest: Tensor, *, ctx: AttackContext, target: int = 0, size: int = 3, fraction: float = 0.5,
+    ratio: float = 0.95, benign: str = "honest_mean", boost: float = 1.0,
+) -> Tensor:
+    """Neurotoxin (Zhang, Panda, Song, Yang, Mahoney, Mittal, Ramchandran, Gonzalez, ICML 2022,
+    "Neurotoxin: durable backdoors in federated learning"): the backdoor is confined to the
+    coordinates the honest clients update least, so later honest rounds do not overwrite it.
+
+    The Byzantine clients train on the checkerboard backdoor of ``pattern_backdoor``
+    (``target``, ``size``, ``fraction``). Each update is then projected onto the mask of
+    :func:`neurotoxin_mask`: the ``⌊ratio · d⌋`` coordinates of smallest magnitude in the
+    benign direction are kept, the top ``1 − ratio`` zeroed. ``ratio`` is the reference code's
+    ``gradmask_ratio`` (jhcknzzm/Federated-Learning-Backdoor: the fraction *retained*; 1.0 is its
+    baseline without a mask; its README runs 0.95, the default here; the paper's "top-k%" is
+    ``1 − ratio``), computed over all coordinates at once (its ``aggregate_all_layer = 1``).
+    The benign direction (``benign``): ``"honest_mean"``, this round's mean honest update (the
+    omniscient attacker's stand-in for the reference code's gradient on clean data at the current
+    global model), or ``"previous_aggregate"``, the server's aggregate of the previous round
+    (the paper's Algorithm 1, the global update θ_t − θ_{t−1}, up to the server's step size,
+    which the magnitudes' order ignores; the first observed round uses the honest mean). The
+    result is sent times ``boost``.
+
+    The reference masks the gradient at every local step (projected gradient descent); fedsafe
+    masks the update the Byzantine client computed, which is the same for one local gradient
+    step (``dsgd``, or ``fedavg`` with one step) and the projection of the whole local update
+    otherwise. State (``"previous_aggregate"``): ``ctx.state["previous"]``, a float64 tensor."""
+    ratio = _number(ratio, "neurotoxin", "ratio", 0.0, 1.0, lo_open=True)
+    boost = _number(boost, "neurotoxin", "boost", 0.0, math.inf, lo_open=True, hi_open=True)
+    if benign not in _BENIGN:
+        raise ValueError(f"attack 'neurotoxin': benign {benign!r} unknown; valid: {', '.join(_BENIGN)}")
+    own = _backdoor_updates(honest, ctx, "neurotoxin", fraction)
+    if ctx.f == 0:
+        return own
+    direction = None
+    if benign == "previous_aggregate" and "previous" in ctx.state:
+        direction = ctx.state["previous"].to(device=honest.device)
+    if direction is None or direction.shape[0] != honest.shape[1]:
+        if honest.shape[0] == 0:
+            raise ValueError("attack 'neurotoxin': needs at least one honest update for the benign direction")
+        direction = _mean_std(honest)[0]
+    mask = neurotoxin_mask(direction, ratio)
+    out = own * mask.to(own.dtype)[None, :] * boost
+    if benign == "previous_aggregate":
+        ctx.state["previous"] = ctx.aggregate(torch.cat([honest, out], dim=0)).detach().to(torch.float64).cpu()
+    return out
+
+
+@ATTACKS.register("edge_case_backdoor")
+def edge_case_backdoor(
+    honest: Tensor, *, ctx: AttackContext, source: int = 7, target: int = 1, angle: float = 90.0,
+    fraction: float = 0.5, eps: float | None = None, boost: float = 1.0,
+) -> Tensor:
+    """Edge-case backdoor (Wang, Sreenivasan, Rajput, Vishwakarma, Agarwal, Sohn, Lee,
+    Papailiopoulos, NeurIPS 2020, "Attack of the tails"): the poison is rare inputs, not a
+    trigger. The Byzantine clients train on batches whose first ⌈fraction · B⌉ samples are
+    edge cases, training images of class ``source`` rotated by ``angle`` degrees
+    counter-clockwise (fedsafe.robust.backdoor.rotate; fedsafe has no ARDIS, whose
+    out-of-distribution 7s the paper labels 1: hence the defaults 7 → 1), labelled ``target``;
+    the rest are clean. The attack success rate is measured on the rotated *test* images of
+    class ``source``: held-out edge cases, not the whole test set.
+
+    ``eps``: the paper's projected variant, the update projected onto the L2 ball of radius
+    ``eps`` around the global model (‖Δ‖ ≤ eps), so a norm bound of eps lets it through; the
+    reference projects every few local steps, fedsafe projects the final update (the same
+    ball). ``boost``: multiplies the (projected) update, the paper's model replacement
+    (n/f for full replacement under server lr 1); "PGD with replacement" is both, and then the
+    update's norm is ``boost · eps``."""
+    boost = _number(boost, "edge_case_backdoor", "boost", 0.0, math.inf, lo_open=True, hi_open=True)
+    if eps is not None:
+        eps = _number(eps, "edge_case_backdoor", "eps", 0.0, math.inf, lo_open=True, hi_open=True)
+    own = _backdoor_updates(honest, ctx, "edge_case_backdoor", fraction)
+    if eps is not None and own.shape[0] > 0:
+        x = own.to(torch.float64)
+        norms = torch.linalg.vector_norm(x, dim=1)
+        scale = torch.where(norms > eps, eps / torch.where(norms > 0, norms, 1.0), torch.ones_like(norms))
+        own = (x * scale[:, None]).to(own.dtype)
+    return own * boost
+
+
+def _unit(v: Tensor) -> Tensor:
+    n = torch.linalg.vector_norm(v)
+    return v / n if n > 0 else v
+
+
+@ATTACKS.register("adaptive_fltrust")
+def adaptive_fltrust(
+    honest: Tensor, *, ctx: AttackContext, cos_min: float = 0.1, grid: int = 21, refine: int = 12,
+) -> Tensor:
+    """An attack on FLTrust by an attacker who knows the rule and the server's root update
+    (Cao et al. NDSS 2021, §"adaptive attack": the attacker knows the root dataset): the
+    sign-flip direction bent just enough towards the root update to keep a positive trust score.
+
+    With ``g0`` the server's update (``ctx.server_update``; an attacker who does not know it,
+    or a rule without one, uses the honest mean as its estimate) and ``a = −mean(honest)`` the
+    naive sign-flip direction, let ``a⊥`` be the part of ``a`` orthogonal to ``g0``. Every
+    Byzantine client sends ``u(c) = ‖g0‖ (c ĝ0 + √(1 − c²) â⊥)``: cosine exactly ``c`` to
+    ``g0`` (trust score c > 0) and norm ``‖g0‖`` (FLTrust's rescaling leaves it unchanged).
+    ``c ∈ [cos_min, 1]`` maximises ``‖ctx.aggregate(honest ∪ f × u(c)) −
+    ctx.aggregate(honest)‖``, the shift of the server's aggregate (:func:`line_maximize`,
+    ``grid + refine`` calls). A naive sign flip has cosine < 0 with ``g0`` whenever the honest
+    mean has a positive one, so FLTrust gives it trust 0. (Cao et al. optimise the direction
+    by gradient steps within Fang et al.'s framework; fedsafe searches the one angle.)"""
+    _check(honest, ctx, "adaptive_fltrust")
+    cos_min = _number(cos_min, "adaptive_fltrust", "cos_min", 0.0, 1.0, lo_open=True, hi_open=True)
+    if ctx.f == 0:
+        return _empty(honest)
+    grid = _positive_int(grid, "adaptive_fltrust: grid", 2)
+    refine = _positive_int(refine, "adaptive_fltrust: refine", 0)
+    mean, _ = _mean_std(honest)
+    g0 = mean if ctx.server_update is None else ctx.server_update.to(device=mean.device, dtype=torch.float64)
+    if g0.shape != mean.shape:
+        raise ValueError(f"adaptive_fltrust: ctx.server_update must have shape {tuple(mean.shape)}, got {tuple(g0.shape)}")
+    norm0 = float(torch.linalg.vector_norm(g0))
+    if norm0 == 0:
+        return _repeat(torch.zeros_like(mean), honest, ctx.f)
+    e0 = g0 / norm0
+    a = -mean
+    perp = a - (a @ e0) * e0
+    if float(torch.linalg.vector_norm(perp)) <= 1e-12 * max(float(torch.linalg.vector_norm(a)), 1.0):
+        # the honest mean is parallel to g0: any direction orthogonal to it is as good
+        z = torch.randn(mean.shape[0], generator=ctx.generator, device=ctx.generator.device, dtype=torch.float64)
+        z = z.to(mean.device)
+        perp = z - (z @ e0) * e0
+    ep = _unit(perp)
+
+    def vector(c: float) -> Tensor:
+        return norm0 * (c * e0 + math.sqrt(max(1.0 - c * c, 0.0)) * ep)
+
+    base = ctx.aggregate(honest).to(torch.float64)
+    c, _ = line_maximize(lambda c: _deviation(honest, ctx, vector(c), base), cos_min, 1.0, grid=grid, refine=refine)
+    return _repeat(vector(c), honest, ctx.f)
+
+
+@ATTACKS.register("adaptive_flame")
+def adaptive_flame(
+    honest: Tensor, *, ctx: AttackContext, target: int = 0, size: int = 3, fraction: float = 0.5,
+    steps: int = 20,
+) -> Tensor:
+    """A backdoor on FLAME by an attacker who knows the rule (Nguyen et al. USENIX Security
+    2022, §"adaptive attacks": constrain the angular deviation so the clustering admits the
+    poisoned model, and its norm so the clipping does not shrink it).
+
+    The Byzantine clients train on the checkerboard backdoor (as ``pattern_backdoor``); with
+    ``b̂`` the direction of their mean backdoored update and ``m̂`` that of the honest mean,
+    every Byzantine client sends ``v(λ) = S · unit((1 − λ) m̂ + λ b̂)``, ``S`` the median L2
+    norm of the honest updates (FLAME clips to the median norm of all updates, which f
+    copies of a norm-S vector leave at S). λ is the largest value in [0, 1] for which FLAME's
+    own clustering (fedsafe.robust.flame.admitted, which the attacker runs on the honest
+    updates and its f copies) admits all f copies: λ = 1 if the scaled backdoor itself passes,
+    else a bisection of ``steps`` halvings between an admitted and a refused λ (admission is not
+    guaranteed monotone in λ; the bisection returns an admitted one). The naive backdoor
+    (``model_replacement``: the update times n/f) sits far from the honest cluster in cosine
+    and is refused. Needs the ``hdbscan`` package."""
+    steps = _positive_int(steps, "adaptive_flame: steps", 1)
+    own = _backdoor_updates(honest, ctx, "adaptive_flame", fraction)
+    if ctx.f == 0:
+        return own
+    if honest.shape[0] == 0:
+        raise ValueError("attack 'adaptive_flame': needs at least one honest update")
+    from fedsafe.robust.flame import admitted
+
+    x = honest.to(torch.float64)
+    m = _unit(x.mean(dim=0))
+    b = _unit(own.to(torch.float64).mean(dim=0))
+    s = float(torch.quantile(torch.linalg.vector_norm(x, dim=1), 0.5))
+    n_h, f = x.shape[0], ctx.f
+
+    def vector(lam: float) -> Tensor:
+        return s * _unit((1.0 - lam) * m + lam * b)
+
+    def passes(lam: float) -> bool:
+        rows = torch.cat([x, vector(lam).unsqueeze(0).expand(f, -1)], dim=0)
+        return bool((admitted(rows) >= n_h).sum() == f)
+
+    if passes(1.0):
+        return _repeat(vector(1.0), honest, f)
+    lo, hi = 0.0, 1.0
+    for _ in range(steps):
+        mid = 0.5 * (lo + hi)
+        if passes(mid):
+            lo = mid
+        else:
+            hi = mid
+    return _repeat(vector(lo), honest, f)
 
 
 # --------------------------------------------------------------------------------------------
