@@ -184,7 +184,8 @@ class Federation:
         except ValueError as e:
             raise ConfigError([str(e)]) from None
         try:  # the data the Byzantine clients train on (label flip, backdoor), if the attack poisons it
-            self.poison = make_poison(cfg.attack.name, cfg.attack.params, self.data.x_train, self.data.num_classes)
+            self.poison = make_poison(cfg.attack.name, cfg.attack.params, self.data.x_train, self.data.num_classes,
+                                     y_train=self.data.y_train)  # edge_case_backdoor's pool of one class
         except ValueError as e:
             raise ConfigError([str(e)]) from None
         self.byzantine = byzantine_ids(seed, cfg.clients.num_clients, cfg.attack.f)
