@@ -47,7 +47,7 @@ from fedsafe.core.registry import ParamValueError, RegistryError
 from fedsafe.core.renames import QUIET, Rename, deprecation_message, warn_renamed
 from fedsafe.data.config import DataConfig
 from fedsafe.models.config import ModelConfig
-from fedsafe.privacy.dp.config import DPConfig
+from fedsafe.privacy.dp.config import DPConfig, example_problems
 from fedsafe.privacy.inherent.config import InherentConfig
 from fedsafe.protocols.he.config import HEConfig
 from fedsafe.protocols.secagg.config import SecAggConfig
@@ -406,6 +406,8 @@ class ExperimentConfig(Strict):
                     "sum (with placement 'local' every message is already private and any rule may run)",
                     ("dp.enabled", "dp.placement", "robust.rule", "robust.pre"),
                 ))
+            if self.dp.unit == "example":  # DP-SGD at the clients: what they must be (privacy/dp/config.py)
+                out.extend((m, ("dp.unit", "clients", "execution")) for m in example_problems(self.clients, self.execution))
         return out
 
     @property

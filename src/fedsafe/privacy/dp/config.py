@@ -465,22 +465,7 @@ def make_example_plugin(setup: Any) -> Any:
     Refuses, with what to set, the client algorithms and executions that cannot run it."""
     cfg = setup.cfg
     c, dp = cfg.clients, cfg.dp
-    problems = []
-    if c.gradient != "backprop":
-        problems.append(
-            "dp.unit = 'example' needs per-example gradients: set clients.gradient = 'backprop' "
-            f"(got {c.gradient!r}; forward-only clients have none to clip)"
-        )
-    if c.algorithm not in ("dsgd", "fedavg"):
-        problems.append(
-            f"dp.unit = 'example' runs DP-SGD in the dsgd and fedavg clients: set clients.algorithm to one "
-            f"of them (got {c.algorithm!r})"
-        )
-    if cfg.execution == "ray":
-        problems.append(
-            "dp.unit = 'example' with execution = 'ray': the DP-SGD clients run in process; "
-            "set execution = 'auto', 'serial' or 'vectorized'"
-        )
+    problems = example_problems(c, cfg.execution)
     if problems:
         raise ConfigError(problems)
     from fedsafe.privacy.dp import dpsgd
@@ -503,3 +488,26 @@ def make_example_plugin(setup: Any) -> Any:
         raise ConfigError([f"dp.accountant: {err}"]) from None
     except ValueError as err:
         raise ConfigError([str(err)]) from None
+
+
+def example_problems(clients: Any, execution: str) -> list[str]:
+    """Why the ``[clients]`` settings and ``execution`` cannot run ``dp.unit = "example"``
+    (none: they can); the config's cross-checks and the plugin factory both ask."""
+    c = clients
+    problems: list[str] = []
+    if c.gradient != "backprop":
+        problems.append(
+            "dp.unit = 'example' needs per-example gradients: set clients.gradient = 'backprop' "
+            f"(got {c.gradient!r}; forward-only clients have none to clip)"
+        )
+    if c.algorithm not in ("dsgd", "fedavg"):
+        problems.append(
+            f"dp.unit = 'example' runs DP-SGD in the dsgd and fedavg clients: set clients.algorithm to one "
+            f"of them (got {c.algorithm!r})"
+        )
+    if execution == "ray":
+        problems.append(
+            "dp.unit = 'example' with execution = 'ray': the DP-SGD clients run in process; "
+            "set execution = 'auto', 'serial' or 'vectorized'"
+        )
+    return problems
