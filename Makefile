@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,he,ray,docs,pandas,tensorboard,hf,robust,flower]'
+	$(BIN)/python -m pip install --quiet -e '.[test,he,ray,docs,pandas,tensorboard,hf,robust,flower,dpsgd]'
 	# ByzFL, for the conformance tests only: without its dependencies (it requires torchvision,
 	# which would pull a multi-GB CUDA torch); the tests load its aggregator and attack modules
 	$(BIN)/python -m pip install --quiet --no-deps 'byzfl==0.0.11'
