@@ -81,7 +81,7 @@ class _Node:
         backend = make_backend(inner, model, ParamLayout.from_model(model), loss)
         self.data = data
         self.work = ClientWork(cfg.clients, backend, data, cfg.seed, zo=cfg.zo)
-        self.poison = make_poison(cfg.attack.name, cfg.attack.params, data.x_train, data.num_classes)
+        self.poison = make_poison(cfg.attack.name, cfg.attack.params, data.x_train, data.num_classes, y_train=data.y_train)
         self.dim = sum(p.numel() for p in model.parameters())
 
     def client_plugins(self, source: Any) -> list[Any]:
