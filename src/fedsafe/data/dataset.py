@@ -52,21 +52,30 @@ class FederatedDataset:
         if not self.client_indices:
             raise ValueError("FederatedDataset.client_indices is empty: need at least one client")
         n = self.x_train.shape[0]
-        seen = np.zeros(n, dtype=bool)
         for k, idx in enumerate(self.client_indices):
             if not isinstance(idx, np.ndarray) or idx.dtype != np.int64 or idx.ndim != 1:
                 raise ValueError(f"FederatedDataset.client_indices[{k}] must be a 1-D int64 numpy array")
-            if idx.size == 0:
-                raise ValueError(f"FederatedDataset.client_indices[{k}] is empty; every client needs data")
-            if int(idx.min()) < 0 or int(idx.max()) >= n:
-                raise ValueError(
-                    f"FederatedDataset.client_indices[{k}] holds indices outside 0..{n - 1}"
-                )
-            if seen[idx].any() or np.unique(idx).size != idx.size:
-                raise ValueError(
-                    f"FederatedDataset.client_indices[{k}] overlaps an earlier client or repeats an index"
-                )
-            seen[idx] = True
+        # The rest in a few vectorised passes over all the indices (a population of 10^5 clients
+        # is checked in milliseconds), reporting the first client, in id order, that fails.
+        sizes = np.fromiter((idx.size for idx in self.client_indices), dtype=np.int64, count=len(self.client_indices))
+        if (sizes == 0).any():
+            k = int(np.argmax(sizes == 0))
+            raise ValueError(f"FederatedDataset.client_indices[{k}] is empty; every client needs data")
+        flat = np.concatenate(self.client_indices)
+        owner_end = np.cumsum(sizes)  # client k holds flat[owner_end[k] - sizes[k] : owner_end[k]]
+        bad = (flat < 0) | (flat >= n)
+        if bad.any():
+            k = int(np.searchsorted(owner_end, int(np.argmax(bad)), side="right"))
+            raise ValueError(
+                f"FederatedDataset.client_indices[{k}] holds indices outside 0..{n - 1}"
+            )
+        order = np.argsort(flat, kind="stable")
+        repeat = flat[order[1:]] == flat[order[:-1]]
+        if repeat.any():  # the later occurrence of the earliest-repeated position names the client
+            k = int(np.searchsorted(owner_end, int(order[1:][repeat].min()), side="right"))
+            raise ValueError(
+                f"FederatedDataset.client_indices[{k}] overlaps an earlier client or repeats an index"
+            )
 
     @property
     def num_clients(self) -> int:

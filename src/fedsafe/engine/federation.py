@@ -12,6 +12,7 @@ momentum, the attack's inputs, evaluation, metrics and checkpoints.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -39,6 +40,7 @@ from fedsafe.engine.sampling import byzantine_ids, sample_clients
 from fedsafe.engine.server_optimizer import ServerAdam, ServerSGD
 from fedsafe.engine.state import (
     CHECKPOINT,
+    ClientRows,
     FederationState,
     load_checkpoint,
     run_identity,
@@ -79,6 +81,51 @@ def preflight_protocol(cfg: ExperimentConfig, protocol: Any, pipeline: RobustPip
         preflight(n, pipeline, dim=dim)
     except ProtocolError as e:
         raise ConfigError([f"protocol: {e}"]) from None
+
+
+#: The most bytes of per-client state a run may come to hold (dsgd's client momentum, FoolsGold's
+#: histories): such state is kept only for the clients seen, but over a run those can be the
+#: whole population, so a config whose bound exceeds this is refused at set-up.
+MAX_CLIENT_STATE_BYTES = 8 * 2**30
+
+
+def clients_seen_bound(cfg: ExperimentConfig) -> int:
+    """The most distinct clients a run can hold per-client state for: the population, or fewer
+    when ``rounds`` rounds of the largest likely sample cannot reach it (Poisson: the expected
+    sample qN plus 6 standard deviations, plus one)."""
+    c = cfg.clients
+    per_round = {"all": c.num_clients, "fixed": c.sample_size}.get(c.sampling)
+    if per_round is None:
+        m = c.num_clients * c.sample_rate
+        per_round = math.ceil(m + 6 * math.sqrt(m * (1 - c.sample_rate)) + 1)
+    return min(c.num_clients, cfg.rounds * per_round)
+
+
+def check_client_state(cfg: ExperimentConfig, *, momentum_dim: int | None, history_dim: int | None) -> None:
+    """Refuse, naming the settings, a run whose per-client state could exceed
+    :data:`MAX_CLIENT_STATE_BYTES`: ``momentum_dim`` float32 numbers per client seen (dsgd's
+    momentum), ``history_dim`` float64 numbers per client seen (FoolsGold's histories)."""
+    seen = clients_seen_bound(cfg)
+    c, limit = cfg.clients, MAX_CLIENT_STATE_BYTES / 2**30
+    why = (
+        f"up to {seen:,} clients (clients.num_clients = {c.num_clients:,}, rounds = {cfg.rounds}, "
+        f"clients.sampling = {c.sampling!r})"
+    )
+    problems = []
+    if momentum_dim and seen * momentum_dim * 4 > MAX_CLIENT_STATE_BYTES:
+        problems.append(
+            f"clients: dsgd keeps a momentum row of {momentum_dim:,} float32 for every client it has seen, "
+            f"{why}: {seen * momentum_dim * 4 / 2**30:.1f} GiB, over the {limit:g} GiB limit; set "
+            "clients.momentum = 0 (no client state) or clients.algorithm = 'fedavg', or lower clients.num_clients or rounds"
+        )
+    if history_dim and seen * history_dim * 8 > MAX_CLIENT_STATE_BYTES:
+        problems.append(
+            f"robust: {cfg.robust.rule} keeps a history of {history_dim:,} float64 for every client it has seen, "
+            f"{why}: {seen * history_dim * 8 / 2**30:.1f} GiB, over the {limit:g} GiB limit; use a rule "
+            "without client histories, or lower clients.num_clients or rounds"
+        )
+    if problems:
+        raise ConfigError(problems)
 
 
 class _Skip(Exception):
@@ -191,8 +238,8 @@ class Federation:
         self.byzantine = byzantine_ids(seed, cfg.clients.num_clients, cfg.attack.f)
         if hasattr(self.poison, "bind"):  # a poison that differs per Byzantine client (DBA) learns who they are
             self.poison = self.poison.bind(self.byzantine)
-        self._byzantine_mask = np.zeros(cfg.clients.num_clients, dtype=bool)
-        self._byzantine_mask[list(self.byzantine)] = True
+        # sorted ids (not a mask over the population): a round looks its sample up in them
+        self._byzantine_sorted = np.array(sorted(self.byzantine), dtype=np.int64)
         sv = cfg.server
         if sv.optimizer == "adam":
             self.server = ServerAdam(sv.lr, tuple(sv.betas), sv.eps, sv.weight_decay)
@@ -208,14 +255,19 @@ class Federation:
         self.rows: list[dict[str, Any]] = []
 
         params = flatten_params(self.model)
-        momentum = None
-        if self.work.keeps_momentum:
-            momentum = params.new_zeros((cfg.clients.num_clients, params.numel()))
+        # dsgd's client momentum: rows of the clients seen only (ClientRows), and none at all when
+        # β = 0 (each round's clients then get zero rows, sized by the sample)
+        self._keeps_rows = bool(self.work.keeps_momentum) and cfg.clients.momentum != 0
+        momentum = ClientRows(params.numel(), params.dtype) if self._keeps_rows else None
         self.state = FederationState(round=0, params=params, momentum=momentum)
         dim = self.work.message_dim(params.numel())
         for p in implementing(self.plugins, "message_dim"):
             dim = p.message_dim(dim)
         self.message_dim = dim
+        check_client_state(
+            cfg, momentum_dim=params.numel() if self._keeps_rows else None,
+            history_dim=dim if self.pipeline.uses_history else None,
+        )
         bind = getattr(self.protocol, "bind_plugins", None)
         if bind is not None:  # secagg sizes its encoding ranges from what DP declares of the messages
             bind(self.plugins)
@@ -287,22 +339,10 @@ class Federation:
         problem = self.server.buffer_problem(state.server_buf, d)
         if problem is not None:
             raise CheckpointError(f"{where}: server optimizer state: {problem}")
-        expect = {
-            "params": (d,),
-            "momentum": None if self.state.momentum is None else tuple(self.state.momentum.shape),
-        }
-        for key, shape in expect.items():
-            value = getattr(state, key)
-            if value is None:
-                if key == "momentum" and shape is not None:
-                    raise CheckpointError(f"{where}: momentum is missing; this run keeps client momentum {shape}")
-                continue
-            if shape is None or tuple(value.shape) != shape:
-                raise CheckpointError(
-                    f"{where}: {key} has shape {tuple(value.shape)}, this run's config needs "
-                    f"{'none' if shape is None else shape}"
-                )
-            setattr(state, key, value.to(self.state.params.dtype))
+        if tuple(state.params.shape) != (d,):
+            raise CheckpointError(f"{where}: params has shape {tuple(state.params.shape)}, this run's config needs {(d,)}")
+        state.params = state.params.to(self.state.params.dtype)
+        state.momentum = self._restored_momentum(state.momentum, where, d)
         if state.previous is not None and state.previous.dim() != 1:
             raise CheckpointError(f"{where}: previous aggregate must be a vector, got shape {tuple(state.previous.shape)}")
         if self.ema is not None and not isinstance(state.extra.get("_ema"), dict):
@@ -367,7 +407,7 @@ class Federation:
             cfg.seed, t, cfg.clients.num_clients, cfg.clients.sampling,
             sample_size=cfg.clients.sample_size, sample_rate=cfg.clients.sample_rate, source=self._sampling_source,
         )
-        is_byz = self._byzantine_mask[ids]
+        is_byz = np.isin(ids, self._byzantine_sorted, assume_unique=True)
         honest, byz = ids[~is_byz], ids[is_byz]
         row: dict[str, Any] = {"round": t, "participants": len(ids), "byzantine": len(byz), "dropouts": 0}
         d = st.params.numel()
@@ -463,26 +503,44 @@ class Federation:
         if self.ema is not None:
             self.ema.update(st.params)
 
-    def _everyone(self, ids: np.ndarray) -> bool:
-        n = self.cfg.clients.num_clients
-        return len(ids) == n and bool((ids == np.arange(n)).all())
+    def _restored_momentum(self, value: Any, where: Path, d: int) -> ClientRows | None:
+        """A checkpoint's client momentum, checked against this run (its rows' width, client ids
+        within the population); a run that keeps none accepts only an all-zero one (written before
+        β = 0 stopped keeping rows)."""
+        if value is None:
+            if self._keeps_rows:
+                raise CheckpointError(f"{where}: momentum is missing; this run keeps client momentum ({d} per client)")
+            return None
+        if not self._keeps_rows:
+            rows = value.gather(value.ids()) if isinstance(value, ClientRows) else value
+            if not self.work.keeps_momentum or bool(rows.any()):
+                raise CheckpointError(f"{where}: it holds client momentum, this run's config keeps none")
+            return None
+        try:
+            rows = value if isinstance(value, ClientRows) else ClientRows.from_state(value)
+            return ClientRows.from_state(
+                {"ids": torch.from_numpy(rows.ids()), "rows": rows.gather(rows.ids()).to(self.state.params.dtype)},
+                dim=d, num_clients=self.cfg.clients.num_clients,
+            )
+        except ValueError as e:
+            raise CheckpointError(f"{where}: momentum: {e}") from None
 
     def _momentum(self, ids: np.ndarray) -> Tensor | None:
-        """The momentum rows of clients ``ids``: the state itself when every client takes part."""
-        m = self.state.momentum
-        if m is None:
+        """The momentum rows of clients ``ids`` (zeros for a client not seen before; the stored
+        rows themselves when every stored client takes part, in order); zero rows when β = 0."""
+        if not self.work.keeps_momentum:
             return None
-        return m if self._everyone(ids) else m[torch.from_numpy(ids)]
+        m = self.state.momentum
+        if m is None:  # β = 0: the rows are never read, and no state is kept
+            return self.state.params.new_zeros((1, self.state.params.numel())).expand(len(ids), -1)
+        return m.gather(ids)
 
     def _set_momentum(self, ids: np.ndarray, rows: Tensor | None) -> None:
-        """Store new momentum rows; when every client took part, ``rows`` becomes the state (no
-        copy: nothing modifies a round's updates in place, by the convention of every hook)."""
-        if rows is None:
+        """Store new momentum rows (no copy when every stored client took part: nothing modifies
+        a round's updates in place, by the convention of every hook)."""
+        if rows is None or self.state.momentum is None:
             return
-        if self._everyone(ids):
-            self.state.momentum = rows
-        else:
-            self.state.momentum[torch.from_numpy(ids)] = rows
+        self.state.momentum.scatter(ids, rows)
 
     def _byzantine_updates(
         self, t: int, honest: Tensor, honest_ids: np.ndarray, byz: np.ndarray, n: int

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -47,12 +48,125 @@ _KEYS = ("format", "round", "run", *_STATE, "integrity")
 RESUMABLE_KEYS = ("rounds", "execution", "ray", "variants")
 
 
+class ClientRows:
+    """One row of ``dim`` numbers per client (dsgd's client momentum), kept only for the clients
+    that have taken part: its memory grows with the clients seen, never with the population
+    (``clients.num_clients``). A client never seen reads as zeros, which is what its row would
+    hold in a dense (num_clients, dim) matrix of zeros.
+
+    Rows live in one (capacity, dim) tensor, a client's row at the slot it got the first time it
+    was stored (capacity doubles as clients arrive). When every stored client takes part, in
+    slot order (``clients.sampling = "all"``), :meth:`gather` returns the storage itself and
+    :meth:`scatter` keeps the new rows as the storage: no copy per round.
+    """
+
+    def __init__(self, dim: int, dtype: torch.dtype = torch.float32) -> None:
+        self.dim = int(dim)
+        self._slot: dict[int, int] = {}
+        self._ids: list[int] = []  # client id of each slot, in slot order
+        self._rows = torch.zeros((0, self.dim), dtype=dtype)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._rows.dtype
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the stored rows (capacity included): what the clients' state costs."""
+        return self._rows.element_size() * self._rows.numel()
+
+    def ids(self) -> np.ndarray:
+        """The stored clients' ids, in slot order."""
+        return np.asarray(self._ids, dtype=np.int64)
+
+    def _in_order(self, ids: np.ndarray) -> bool:
+        n = len(self._ids)
+        return len(ids) == n and n > 0 and self._rows.shape[0] == n and bool((ids == self.ids()).all())
+
+    def gather(self, ids: np.ndarray) -> Tensor:
+        """The rows of clients ``ids`` (n, dim): zeros for a client never stored."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if self._in_order(ids):
+            return self._rows
+        slots = [self._slot.get(int(c), -1) for c in ids]
+        out = self._rows.new_zeros((len(ids), self.dim))
+        have = [i for i, s in enumerate(slots) if s >= 0]
+        if have:
+            out[torch.tensor(have)] = self._rows[torch.tensor([slots[i] for i in have])]
+        return out
+
+    def scatter(self, ids: np.ndarray, rows: Tensor) -> None:
+        """Store ``rows`` (n, dim) as the rows of clients ``ids`` (distinct)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if tuple(rows.shape) != (len(ids), self.dim):
+            raise ValueError(f"client rows: expected shape {(len(ids), self.dim)}, got {tuple(rows.shape)}")
+        if self._in_order(ids):
+            self._rows = rows.to(self.dtype)  # nothing modifies a round's rows in place afterwards
+            return
+        new = [int(c) for c in ids if int(c) not in self._slot]
+        if new:
+            need = len(self._ids) + len(new)
+            if need > self._rows.shape[0]:
+                grown = self._rows.new_zeros((max(need, 2 * self._rows.shape[0]), self.dim))
+                grown[: len(self._ids)] = self._rows[: len(self._ids)]
+                self._rows = grown
+            for c in new:
+                self._slot[c] = len(self._ids)
+                self._ids.append(c)
+        slots = torch.tensor([self._slot[int(c)] for c in ids], dtype=torch.int64)
+        self._rows[slots] = rows.to(self.dtype)
+
+    def to_dense(self, num_clients: int) -> Tensor:
+        """The (num_clients, dim) matrix these rows stand for (zeros for the clients not stored)."""
+        out = self._rows.new_zeros((num_clients, self.dim))
+        if self._ids:
+            out[torch.from_numpy(self.ids())] = self._rows[: len(self._ids)]
+        return out
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """What a checkpoint stores: the stored clients' ids and their rows (no spare capacity)."""
+        n = len(self._ids)
+        return {"ids": torch.from_numpy(self.ids()), "rows": self._rows[:n].clone()}
+
+    @classmethod
+    def from_state(cls, state: Any, *, dim: int | None = None, num_clients: int | None = None) -> ClientRows:
+        """Rows from :meth:`state_dict`, or from a dense (num_clients, dim) matrix (a checkpoint
+        written before the rows were sparse). ``ValueError`` naming what does not fit ``dim``
+        or ``num_clients``."""
+        if isinstance(state, Tensor):  # the old dense matrix: every client's row
+            if state.dim() != 2:
+                raise ValueError(f"client rows: a dense matrix must be 2-D, got shape {tuple(state.shape)}")
+            ids, rows = torch.arange(state.shape[0], dtype=torch.int64), state
+        elif isinstance(state, dict) and set(state) == {"ids", "rows"}:
+            ids, rows = state["ids"], state["rows"]
+        else:
+            raise ValueError("client rows: expected {'ids', 'rows'} or a dense matrix")
+        if not isinstance(ids, Tensor) or ids.dtype != torch.int64 or ids.dim() != 1:
+            raise ValueError("client rows: ids must be a 1-D int64 tensor")
+        if not isinstance(rows, Tensor) or not rows.is_floating_point() or rows.dim() != 2 or rows.shape[0] != ids.numel():
+            raise ValueError(f"client rows: rows must be a float ({ids.numel()}, dim) tensor")
+        if dim is not None and rows.shape[1] != dim:
+            raise ValueError(f"client rows have {rows.shape[1]} columns, this run's model has {dim}")
+        if ids.numel():
+            low, high = int(ids.min()), int(ids.max())
+            if low < 0 or (num_clients is not None and high >= num_clients):
+                raise ValueError(f"client rows name client ids {low}..{high}, outside this run's 0..{(num_clients or 0) - 1}")
+            if torch.unique(ids).numel() != ids.numel():
+                raise ValueError("client rows repeat a client id")
+        out = cls(rows.shape[1], rows.dtype)
+        out.scatter(ids.numpy(), rows)
+        return out
+
+
 @dataclass
 class FederationState:
     round: int  # rounds completed
     params: Tensor  # flat global model
     server_buf: Any = None  # the server step's state: SGD momentum, Adam's {m, v, t}, or decoded momentum's
-    momentum: Tensor | None = None  # (num_clients, d) dsgd client momentum
+    momentum: ClientRows | None = None  # dsgd client momentum, rows of the clients seen
     previous: Tensor | None = None  # the robust pipeline's previous aggregate
     attack_state: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)  # observers' state (accountants, canary trackers)
@@ -76,7 +190,7 @@ def save_checkpoint(state: FederationState, out_dir: Path, run: str) -> Path:
         "run": run,
         "params": state.params,
         "server_buf": state.server_buf,
-        "momentum": state.momentum,
+        "momentum": _momentum_blob(state.momentum),
         "previous": state.previous,
         "attack_state": state.attack_state,
         "extra": state.extra,
@@ -84,6 +198,12 @@ def save_checkpoint(state: FederationState, out_dir: Path, run: str) -> Path:
     torch.save(with_checksums(blob), tmp)
     os.replace(tmp, path)
     return path
+
+
+def _momentum_blob(momentum: ClientRows | Tensor | None) -> dict[str, Tensor] | Tensor | None:
+    if isinstance(momentum, ClientRows):
+        return momentum.state_dict()
+    return momentum  # None, or a dense matrix handed in directly
 
 
 def with_checksums(blob: dict[str, Any]) -> dict[str, Any]:
@@ -128,8 +248,18 @@ def load_checkpoint(out_dir: Path, run: str | None = None) -> FederationState:
     rnd = blob["round"]
     if isinstance(rnd, bool) or not isinstance(rnd, int) or rnd < 0:
         raise CheckpointError(f"{path}: round must be an integer >= 0, got {rnd!r}")
-    for key in ("params", "momentum", "previous"):  # server_buf: the optimizer checks its own
+    for key in ("params", "previous"):  # server_buf: the optimizer checks its own
         _check_tensor(path, key, blob[key], required=key == "params")
+    momentum = blob["momentum"]
+    if momentum is not None:
+        if isinstance(momentum, dict):
+            _check_tensor(path, "momentum.rows", momentum.get("rows"), required=True)
+        else:
+            _check_tensor(path, "momentum", momentum, required=True)
+        try:
+            momentum = ClientRows.from_state(momentum)
+        except ValueError as e:
+            raise CheckpointError(f"{path}: momentum: {e}") from None
     for key in ("attack_state", "extra"):
         if not isinstance(blob[key], dict):
             raise CheckpointError(f"{path}: {key} must be a table, got {type(blob[key]).__name__}")
@@ -139,7 +269,7 @@ def load_checkpoint(out_dir: Path, run: str | None = None) -> FederationState:
         round=rnd,
         params=blob["params"],
         server_buf=blob["server_buf"],
-        momentum=blob["momentum"],
+        momentum=momentum,
         previous=blob["previous"],
         attack_state=blob["attack_state"],
         extra=blob["extra"],
