@@ -34,7 +34,7 @@ from fedsafe.core.types import Messages, RoundContext
 from fedsafe.data import FederatedDataset, load_federated
 from fedsafe.engine.backends import LossFn, describe, make_backend
 from fedsafe.engine.clients import ClientWork
-from fedsafe.engine.metrics import MetricsWriter, summarize
+from fedsafe.engine.metrics import MetricsWriter, summarize, warn_at_chance
 from fedsafe.engine.round import aggregate_and_step, end_round, plugin_summary, release_empty, resolve_plan
 from fedsafe.engine.sampling import byzantine_ids, sample_clients
 from fedsafe.engine.server_optimizer import ServerAdam, ServerSGD
@@ -581,6 +581,7 @@ class Federation:
                     on_round(row)
         finally:
             self.close()
+        warn_at_chance(self.cfg, self.rows, self.data.num_classes, self.message_dim)  # a run at chance level names the likely culprits
         return self.summary()
 
     def save_model(self, out_dir: Path) -> Path:

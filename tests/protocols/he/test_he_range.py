@@ -93,12 +93,12 @@ def test_bound_is_attained_by_in_range_uploads_and_never_exceeded(n, rule, f, de
     got = emulate_trimmed_sum(grid, plan.spec, plan.digits)
     bound = _bound(n, rule, f, delta)
     assert got.max() == bound and got.min() == -bound
-    proto = HEProtocol(backend="emulator", delta=delta)
+    proto = HEProtocol(backend="emulator", delta=delta, range=0.05)
     assert proto.quantizer.sum_bound(_selected(n, rule, f)) == bound
 
 
 def test_screen_zeroes_exactly_the_coordinates_beyond_the_bound():
-    proto = HEProtocol(backend="emulator", delta=3)  # o = 3
+    proto = HEProtocol(backend="emulator", delta=3, range=0.05)  # o = 3
     sums = np.array([-7, -6, 0, 5, 6, 7, 30000])
     screened, bad = proto.quantizer.screen_sums(sums, 2)  # bound 2 * 3 = 6
     assert bad.tolist() == [True, False, False, False, False, True, True]
@@ -251,7 +251,7 @@ def test_clipped_and_zeroed_fractions_match_numpy_on_honest_rows_only():
 def test_messages_without_a_nonzero_coordinate_report_nan_and_never_flag():
     from fedsafe.protocols.he.protocol import quantization_destroys_signal
 
-    clipped, zeroed = HEProtocol(backend="emulator").quantizer.loss_fractions(np.array([[0.0, np.nan], [0.0, 0.0]]))
+    clipped, zeroed = HEProtocol(backend="emulator", range=0.05).quantizer.loss_fractions(np.array([[0.0, np.nan], [0.0, 0.0]]))
     assert np.isnan(clipped) and np.isnan(zeroed)
     assert not quantization_destroys_signal(clipped, zeroed)
 
@@ -277,7 +277,8 @@ def test_warns_once_when_the_clamp_erases_the_messages():
         rows += _rounds(proto, 1e-3, 3, seed=1)
     assert len(caught) == 1
     msg = str(caught[0].message)
-    assert "he.clamp = 1" in msg and "he.delta = 4" in msg and "Lower he.clamp" in msg
+    assert "he.clamp = 1 rounds 100.0%" in msg and "he.delta = 4" in msg and "set he.clamp = 'auto'" in msg
+    assert "or raise he.delta" in msg
     assert all(r["he_quantization_warning"] == 1.0 and r["he_zeroed_fraction"] > 0.99 for r in rows)
 
 
@@ -285,7 +286,7 @@ def test_warns_once_when_the_clamp_clips_the_messages():
     from fedsafe.protocols.he.protocol import QUANTIZATION_PATIENCE
 
     proto = HEProtocol(backend="emulator", delta=4, clamp=1e-4)
-    with pytest.warns(UserWarning, match="Raise he.clamp") as caught:
+    with pytest.warns(UserWarning, match=r"he.clamp = 0.0001 clips 9\d.\d% .* set he.clamp = 'auto' \(here about 0.03\d*\), or >= 0.03") as caught:
         rows = _rounds(proto, 1e-2, QUANTIZATION_PATIENCE + 2)
     assert len([w for w in caught if "he.clamp" in str(w.message)]) == 1
     assert all(r["he_clipped_fraction"] > 0.9 for r in rows)

@@ -3,9 +3,10 @@ imports it without loading the HE machinery)."""
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from fedsafe.core.renames import Rename, RenamingSection, deprecated_alias
 
@@ -24,13 +25,16 @@ class HEConfig(RenamingSection):
     renames: ClassVar[tuple[Rename, ...]] = _RENAMES
 
     bits: int = Field(4, ge=2, le=8, description="bit precision of the quantized messages (SABLE's δ)")
-    # 0.05, not 1.0: with bits = 4 a coordinate survives only when |x| > C/14, and client
-    # momenta are ~1e-3..1e-1; measured on digits (MLP 64-100-10, 5 nodes, ALIE, 100 rounds,
-    # emulator): C = 1.0 reaches 32.9%, C = 0.05 95.8%, plaintext trimmed mean 95.8%
-    range: float = Field(
-        0.05, gt=0, allow_inf_nan=False,
+    # "auto" (was 0.05, before that 1.0): a fixed C cannot fit every message kind; with bits = 4 a
+    # coordinate survives only when |x| > C/14, and zeroth-order scalars (~1e-5..1e-3) are erased
+    # by C = 0.05 (100% zeroed, 12.8% on digits) while local-DP messages (noise std z C) are 96%
+    # clipped by it; "auto" is 3x the messages' RMS coordinate (fedsafe.protocols.autorange)
+    range: float | Literal["auto"] = Field(
+        "auto",
         description="coordinate range C: coordinates are clipped to [-C, C] before quantizing; those with "
-        "|x| <= C/(2^bits - 2) round to 0",
+        "|x| <= C/(2^bits - 2) round to 0. 'auto': each round, 3x the root-mean-square coordinate of the messages: "
+        "from the DP clip and noise when DP is on (sqrt(C^2/d + sigma^2)), otherwise the median over the nodes of "
+        "each node's own RMS (one extra scalar per round is revealed)",
     )
     subsample: bool = Field(False, description="the server aggregates a uniformly random 2f+1 of the n uploads each round")
     backend: Literal["bfv", "emulator"] = Field("bfv", description="bfv: TenSEAL/SEAL ciphertexts; emulator: same circuit mod p, no encryption")
@@ -46,6 +50,20 @@ class HEConfig(RenamingSection):
         "whose are not (fedsafe.protocols.he.validity; reveals one valid/invalid bit per node); false: only screen "
         "the decrypted sums, so one such node neutralises the round",
     )
+
+    @field_validator("range", mode="before")
+    @classmethod
+    def _range(cls, v: object) -> object:
+        key = cls._key_being_validated("range")
+        if isinstance(v, str):
+            if v != "auto":
+                raise ValueError(f"{key} must be a number > 0 or 'auto', got {v!r}")
+            return v
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ValueError(f"{key} must be a number > 0 or 'auto', got {v!r}")
+        if not math.isfinite(v) or v <= 0:
+            raise ValueError(f"{key} must be a finite number greater than 0 (or 'auto'), got {v}")
+        return float(v)
 
     @model_validator(mode="after")
     def _digits_fit(self) -> HEConfig:

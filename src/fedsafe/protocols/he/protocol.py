@@ -124,13 +124,43 @@ class HEProtocol:
             kept = config.model_dump(exclude={r.new for r in config.renames if r.old in kwargs})
             config = type(config)(**{**kept, **kwargs})
         self.config = config
-        self.quantizer = Quantizer(config.bits, config.range)
+        # with he.range = "auto" the quantizer is resolved each round (resolve_quantizer); None
+        # until the first round
+        self.quantizer: Quantizer | None = (
+            None if config.range == "auto" else Quantizer(config.bits, float(config.range))
+        )
+        self.range_source = "config" if config.range != "auto" else "calibrated"
+        self._declares: list[Any] = []  # plugins declaring message_ranges (DP), bind_plugins
         self._parties: dict[HEParams, tuple[Any, Any]] = {}
         self._setup_reported: set[HEParams] = set()
         self._warned: set[str] = set()  # warnings already given in this run
         self._useless_streak = 0  # consecutive rounds quantization_destroys_signal held
 
     # ------------------------------------------------------------------ engine interface
+
+    def bind_plugins(self, plugins: Any) -> None:
+        """The engine's round plugins: one that declares ``message_ranges(dim)`` (DP) makes
+        ``he.range = "auto"`` derive C from its clip norm and noise instead of calibrating it."""
+        self._declares = [p for p in plugins if callable(getattr(p, "message_ranges", None))]
+
+    def resolve_quantizer(self, x: np.ndarray) -> Quantizer:
+        """This round's quantizer for the messages ``x`` (n, d): the configured ``he.range``, or
+        with ``"auto"`` :data:`~fedsafe.protocols.autorange.HE_RANGE_FACTOR` times the messages'
+        root-mean-square coordinate: DP's bound ``sqrt(C²/d + σ²)`` when a DP plugin declares
+        the messages (public), else the median over the nodes of each node's own RMS (the one
+        scalar per round that the calibration reveals; :mod:`fedsafe.protocols.autorange`)."""
+        cfg = self.config
+        if cfg.range != "auto":
+            self.range_source = "config"
+            return Quantizer(cfg.bits, float(cfg.range))
+        from fedsafe.protocols.autorange import HE_RANGE_FACTOR, calibrated_range, dp_rms_bound
+
+        if self._declares:
+            runs = self._declares[0].message_ranges(int(x.shape[1]))
+            self.range_source = "dp"
+            return Quantizer(cfg.bits, HE_RANGE_FACTOR * dp_rms_bound(runs))
+        self.range_source = "calibrated"
+        return Quantizer(cfg.bits, calibrated_range(x, HE_RANGE_FACTOR)[0])
 
     def performs(self) -> tuple[str, ...]:
         """The robust rules this protocol performs itself, in the pipeline's place, over the
@@ -212,6 +242,7 @@ class HEProtocol:
         plan = self.plan(inputs, rule, f, nodes=n)
         x = updates.detach().to("cpu", torch.float64).numpy()
         nonfinite = int((~np.isfinite(x)).sum())
+        self.quantizer = self.resolve_quantizer(x)
         attackers = self._invalid_digit_uploaders(messages, ctx)
         if self.config.backend == "emulator":
             sums, plan, chosen, invalid, cost, seen, extra = self._emulated(messages, x, plan, rule, f, ctx, attackers)
@@ -245,20 +276,7 @@ class HEProtocol:
         useless = quantization_destroys_signal(clipped, zeroed)
         self._useless_streak = self._useless_streak + 1 if useless else 0
         if self._useless_streak >= QUANTIZATION_PATIENCE:
-            rng, bits = self.config.key_name("range"), self.config.key_name("bits")
-            self._warn_once(
-                "quantization",
-                f"he: for {self._useless_streak} rounds up to round {ctx.round} the quantization left the honest "
-                f"messages meaningless: now {zeroed:.1%} of their coordinates round to 0 and {clipped:.1%} are clipped "
-                f"({rng} = {self.config.range:g}, {bits} = {self.config.bits}; "
-                f"a coordinate x survives when C/{2 * self.quantizer.offset} < |x| <= C). "
-                + (
-                    f"Lower {rng} towards the typical |coordinate| of the messages, or raise {bits}."
-                    if zeroed > ZEROED_WARN_FRACTION
-                    else f"Raise {rng} towards the typical |coordinate| of the messages."
-                )
-                + " The metrics he_zeroed_fraction and he_clipped_fraction track it per round.",
-            )
+            self._warn_once("quantization", self.quantization_message(x, messages, ctx, clipped, zeroed))
         metrics = {
             "he_inputs": float(len(chosen)),
             "he_selected": float(count),
@@ -274,6 +292,7 @@ class HEProtocol:
             "he_clipped_fraction": clipped,
             "he_zeroed_fraction": zeroed,
             "he_quantization_warning": float(useless),
+            "he_range": float(self.quantizer.clamp),
             **extra,
         }
         # count: the uploads the aggregate stands for (every valid one, subsampled or not), so
@@ -281,6 +300,30 @@ class HEProtocol:
         return Aggregate(
             vector=vector, count=n - len(invalid), cost=cost, seen=seen, metrics=metrics,
             included=tuple(int(messages[i].client_id) for i in chosen),
+        )
+
+    def quantization_message(
+        self, x: np.ndarray, messages: list[Message], ctx: RoundContext, clipped: float, zeroed: float
+    ) -> str:
+        """The warning of a run whose quantization leaves the honest messages meaningless: it
+        names ``he.range`` and ``he.bits`` and the value ``"auto"`` would take this round."""
+        from fedsafe.protocols.autorange import HE_RANGE_FACTOR, calibrated_range
+
+        rng, bits = self.config.key_name("range"), self.config.key_name("bits")
+        q = self.quantizer
+        assert q is not None
+        auto = calibrated_range(x[honest_rows(messages, ctx)], HE_RANGE_FACTOR)[0]
+        if zeroed > ZEROED_WARN_FRACTION:
+            what = f"{rng} = {q.clamp:.3g} rounds {zeroed:.1%} of the honest messages' coordinates to 0"
+            fix = f"set {rng} = 'auto' (here about {auto:.3g}), or <= {auto:.3g}, or raise {bits}"
+        else:
+            what = f"{rng} = {q.clamp:.3g} clips {clipped:.1%} of the honest messages' coordinates"
+            fix = f"set {rng} = 'auto' (here about {auto:.3g}), or >= {auto:.3g}"
+        return (
+            f"he: for {self._useless_streak} rounds up to round {ctx.round} the quantization left the honest "
+            f"messages meaningless: {what} ({bits} = {self.config.bits}; a coordinate x survives when "
+            f"C/{2 * q.offset} < |x| <= C, C = {rng}); {fix}. The metrics he_zeroed_fraction and "
+            "he_clipped_fraction track it per round."
         )
 
     def _invalid_digit_uploaders(self, messages: list[Message], ctx: RoundContext) -> frozenset[int]:

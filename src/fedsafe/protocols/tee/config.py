@@ -3,9 +3,10 @@ it without loading the enclave, its processes or its crypto)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from fedsafe.core.renames import Rename, RenamingSection, deprecated_alias
 from fedsafe.protocols.tee.leakage import DEFAULT_NOISE_RATIO, noise_ratio_for_bits
@@ -42,9 +43,11 @@ class TEEConfig(RenamingSection):
         None, gt=0, le=1e15, allow_inf_nan=False,
         description="per-round mutual-information bound (bits, per client and accelerator) to meet instead",
     )
-    clip: float = Field(
-        10.0, gt=0, le=1e15, allow_inf_nan=False,
-        description="L2 bound on updates: the enclave clips to it; Var = clip²/d in the leakage bound",
+    clip: float | Literal["auto"] = Field(
+        "auto",
+        description="L2 bound on updates: the enclave clips to it; Var = clip²/d in the leakage bound. 'auto': with "
+        "DP, the DP clip plus a tail bound on the local noise's norm; otherwise, resolved once in the first round, "
+        "4x the median L2 norm of that round's updates (computed inside the enclave; the resolved clip is reported)",
     )
     arithmetic: Literal["exact", "float64"] = Field(
         "exact",
@@ -64,6 +67,19 @@ class TEEConfig(RenamingSection):
     precompute_rounds: int = Field(0, ge=0, le=100_000, description="noise blocks drawn ahead (offline phase)")
     sealed_dir: str | None = Field(None, description="keep precomputed noise sealed (AES-GCM) in this folder")
     timeout_s: float = Field(600.0, gt=0, le=86_400, description="longest wait for any party's reply")
+
+    @field_validator("clip", mode="before")
+    @classmethod
+    def _clip(cls, v: object) -> object:
+        if isinstance(v, str):
+            if v != "auto":
+                raise ValueError(f"tee.clip must be a number > 0 or 'auto', got {v!r}")
+            return v
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ValueError(f"tee.clip must be a number > 0 or 'auto', got {v!r}")
+        if not math.isfinite(v) or not 0 < v <= 1e15:
+            raise ValueError(f"tee.clip must be a finite number in (0, 1e15] (or 'auto'), got {v}")
+        return float(v)
 
     @model_validator(mode="after")
     def _one_noise_setting(self) -> TEEConfig:

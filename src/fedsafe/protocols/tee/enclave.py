@@ -41,6 +41,7 @@ from fedsafe.protocols.tee.channel import (
 )
 from fedsafe.protocols.tee.leakage import (
     DEFAULT_NOISE_RATIO,
+    auto_clip,
     mi_bound_bits,
     noise_constant,
     noise_ratio_for_bits,
@@ -68,7 +69,9 @@ class Enclave:
         self._platform = SimulatedPlatform.from_secrets(platform_secrets)
         self.measurement = measure()
         self._key = x25519_private_key()  # clients encrypt their updates to it
-        self.clip = float(settings["clip"])
+        # tee.clip = "auto": resolved from the first encoded round's update norms (auto_clip)
+        self.clip: float | None = None if settings["clip"] == "auto" else float(settings["clip"])
+        self._growth = float(settings.get("auto_growth", 1.0))  # public: see TEEProtocol(growth=...)
         self.arithmetic = str(settings.get("arithmetic", "exact"))
         self._ratio = settings.get("noise_ratio")
         self._bits = settings.get("target_bits")
@@ -91,6 +94,8 @@ class Enclave:
         return float(self._ratio) if self._ratio is not None else noise_ratio_for_bits(d, float(self._bits))
 
     def noise_c(self, d: int) -> float:
+        if self.clip is None:
+            raise ValueError("enclave: tee.clip = 'auto' is resolved in the first round, not yet")
         return noise_constant(self.clip, self.noise_ratio(d))
 
     # --- dispatch -----------------------------------------------------------------------
@@ -138,6 +143,8 @@ class Enclave:
 
     def _precompute(self, n: int, d: int, count: int) -> bytes:
         t0 = time.perf_counter()
+        if self.clip is None:  # "auto": the noise scale needs the clip, resolved in the first round
+            return pack({"seconds": 0.0, "ahead": 0})
         self.pool.precompute(count, n, d, self.noise_c(d), self.clip, self.arithmetic)
         return pack({"seconds": time.perf_counter() - t0, "ahead": self.pool.ahead})
 
@@ -176,6 +183,8 @@ class Enclave:
         if x.shape[0] == 0:
             raise ValueError(f"round {round_}: every update was non-finite")
         norms = torch.linalg.vector_norm(x.double(), dim=1)
+        if self.clip is None:
+            self.clip = auto_clip(norms.tolist(), self._growth)
         over = norms > self.clip
         clipped = int(over.sum())
         if clipped:
@@ -208,7 +217,7 @@ class Enclave:
             {
                 "decrypt_seconds": t1 - t0, "prepare_seconds": t2 - t1, "noise_seconds": t3 - t2,
                 "encode_seconds": t4 - t3, "n": n, "d": d, "rejected": rejected, "excluded": excluded,
-                "clipped": clipped, "noise_ratio": ratio, "c": block.c, "q": block.q,
+                "clipped": clipped, "clip": self.clip, "noise_ratio": ratio, "c": block.c, "q": block.q,
                 "noise_online": block.seq < 0, "mi_bound_bits": mi_bound_bits(d, ratio),
                 "sent_sha256": {str(k): v for k, v in sha.items()},
             },

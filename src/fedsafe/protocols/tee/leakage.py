@@ -34,6 +34,29 @@ import math
 # ρ = σ²/Var when neither tee.noise_ratio nor tee.target_bits is set (≈ 7.2e-7·d bits per round)
 DEFAULT_NOISE_RATIO = 1e6
 
+#: ``tee.clip = "auto"`` without DP: this many times the median L2 norm of the first round's
+#: finite updates (room for momentum to grow; Byzantine updates above it are clipped)
+AUTO_CLIP_FACTOR = 4.0
+#: the smallest clip "auto" resolves to (all-zero first-round updates still give a valid bound)
+MIN_AUTO_CLIP = 1e-30
+
+
+def auto_clip(norms: list[float], growth: float = 1.0) -> float:
+    """``tee.clip = "auto"`` without DP, computed inside the enclave from the L2 norms of the
+    first round's finite updates: :data:`AUTO_CLIP_FACTOR` times ``growth`` (a public factor by
+    which the messages may still grow, ``1 / (1 - β)`` for client momentum β) times their
+    median (the mean of the two middle values for an even count). A Byzantine minority cannot move the median
+    outside the honest norms. The enclave sees every update anyway; what leaves it is the
+    resolved clip, one scalar per run."""
+    v = sorted(float(x) for x in norms if math.isfinite(float(x)))
+    if not v:
+        raise ValueError("auto_clip: no finite update norm")
+    m = len(v) // 2
+    med = v[m] if len(v) % 2 else (v[m - 1] + v[m]) / 2.0
+    if not (math.isfinite(growth) and growth >= 1.0):
+        raise ValueError(f"auto_clip: growth must be a finite number >= 1, got {growth!r}")
+    return max(AUTO_CLIP_FACTOR * growth * med, MIN_AUTO_CLIP)
+
 
 def mi_bound_bits(d: int, noise_ratio: float) -> float:
     """``(d/2) · log₂(1 + 1/ρ)``: per-round, per-accelerator bound on what is learnt about one

@@ -78,13 +78,23 @@ class TEEProtocol:
     name = "tee"
     reveals_messages = False  # the host relays ciphertexts; only the enclave sees updates
 
-    def __init__(self, config: TEEConfig | None = None, *, audit: bool = True) -> None:
+    def __init__(self, config: TEEConfig | None = None, *, audit: bool = True, growth: float = 1.0) -> None:
+        """``growth``: how much the clients' messages may grow after the first round, a public
+        factor that ``tee.clip = "auto"`` multiplies the enclave's first-round calibration by
+        (``1 / (1 - β)`` for client momentum β, which starts at 0: :func:`from_config`)."""
+        if not (math.isfinite(growth) and growth >= 1.0):
+            raise ValueError(f"growth must be a finite number >= 1, got {growth!r}")
+        self.growth = float(growth)
         self.config = config or TEEConfig()
         self.audit = audit  # hash what each accelerator got (seen); keep Y in-process
         self._session: TEESession | None = None
         self._d: int | None = None
         self._ahead = 0
         self._warned = False
+        self._declares: list[Any] = []  # plugins declaring message_ranges (DP), bind_plugins
+        # tee.clip as resolved: the number, DP's bound, or the enclave's first-round "auto" value
+        self.resolved_clip: float | None = None if self.config.clip == "auto" else float(self.config.clip)
+        self.clip_source = "config" if self.config.clip != "auto" else "calibrated"
 
     # --- engine interface -----------------------------------------------------------------
 
@@ -92,6 +102,28 @@ class TEEProtocol:
         """The robust rules this protocol performs itself, in the pipeline's place: those that
         select on pairwise distances or inner products (:func:`.rules.tee_rules`)."""
         return tuple(rules.tee_rules())
+
+    def bind_plugins(self, plugins: Any) -> None:
+        """The engine's round plugins: one that declares ``message_ranges(dim)`` (DP) makes
+        ``tee.clip = "auto"`` the DP clip plus a tail bound on the norm of the clients' noise
+        (:func:`fedsafe.protocols.autorange.dp_norm_bound`) instead of the enclave's calibration."""
+        self._declares = [p for p in plugins if callable(getattr(p, "message_ranges", None))]
+
+    def enclave_settings(self, d: int) -> dict[str, Any]:
+        """The enclave's settings for messages of ``d`` coordinates, ``clip`` resolved as far as
+        the host can: a number (the config's, DP's bound, or the value an earlier session of
+        this run resolved), or ``"auto"`` for the enclave to resolve from the first round."""
+        settings = self.config.enclave_settings()
+        if self.resolved_clip is None and self._declares:
+            from fedsafe.protocols.autorange import dp_norm_bound
+
+            self.resolved_clip = dp_norm_bound(self._declares[0].message_ranges(d))
+            self.clip_source = "dp"
+        if self.resolved_clip is not None:
+            settings["clip"] = self.resolved_clip
+        else:
+            settings["auto_growth"] = self.growth
+        return settings
 
     def check(self, pipeline: Any) -> None:
         spec = spec_of(pipeline)
@@ -150,6 +182,7 @@ class TEEProtocol:
                 blobs=uploads,
             )
             del uploads
+            self.resolved_clip = float(enc["clip"])  # fixed for the run, also across session restarts
             if not enc["noise_online"]:
                 self._ahead = max(0, self._ahead - 1)
 
@@ -215,6 +248,7 @@ class TEEProtocol:
             "excluded_nonfinite": float(enc["excluded"]),
             "rejected_ciphertexts": float(enc["rejected"]),
             "clipped": float(enc["clipped"]),
+            "tee_clip": float(enc["clip"]),
             "decode_error_estimate": float(dec["decode_error_estimate"]),
             "noise_online": float(bool(enc["noise_online"])),
         }
@@ -252,7 +286,7 @@ class TEEProtocol:
         cfg = self.config
         if self._session is None or not self._session.alive:
             self._session = TEESession(
-                cfg.enclave_settings(), processes=cfg.processes, device=cfg.device,
+                self.enclave_settings(d), processes=cfg.processes, device=cfg.device,
                 timeout=cfg.timeout_s, keep_received=self.audit and not cfg.processes,
                 execution=cfg.execution, accelerator_gpus=cfg.accelerator_gpus,
             )
@@ -289,5 +323,12 @@ class TEEProtocol:
 
 
 def from_config(cfg: Any) -> TEEProtocol:
-    """``protocol = "tee"``: the protocol built from the experiment's ``[tee]`` section."""
-    return TEEProtocol(cfg.tee)
+    """``protocol = "tee"``: the protocol built from the experiment's ``[tee]`` section. Clients
+    that send their momentum (``dsgd`` with backpropagation and ``clients.momentum`` β > 0) start
+    from m = 0 and send ``(1 - β) g`` in the first round, up to ``1 / (1 - β)`` times less than
+    later: that public factor widens ``tee.clip = "auto"``'s first-round calibration."""
+    c = cfg.clients
+    growth = 1.0
+    if c.algorithm == "dsgd" and c.gradient == "backprop" and c.momentum:
+        growth = 1.0 / (1.0 - float(c.momentum))
+    return TEEProtocol(cfg.tee, growth=growth)
