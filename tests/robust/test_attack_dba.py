@@ -174,3 +174,15 @@ def test_toy_run_global_trigger_beats_every_local_part():
     assert glob > 0.3 and glob > 2 * max(local), (glob, local)
     clean = Experiment(raw, rounds=10, attack={"name": "dba", "f": 0, "params": {"size": 3, "gap": 1}}).run()
     assert clean.summary["final_attack_success_rate"] < 0.1
+
+
+def test_config_refuses_a_trigger_that_does_not_fit_naming_the_field():
+    from fedsafe import Experiment
+    from fedsafe.core.errors import ConfigError
+
+    raw = {"rounds": 1, "seed": 0, "data": {"name": "digits"}, "model": {"name": "mlp", "hidden": 8},
+           "clients": {"num_clients": 6}}
+    with pytest.raises(ConfigError, match=r"attack.params: 4 DBA parts of 1x4 bars with gap 2 need images of at least 4x10, got 8x8"):
+        Experiment(raw, attack={"name": "dba", "f": 2}).run()
+    with pytest.raises(ConfigError, match=r"attack.params.source and target must differ"):
+        Experiment(raw, attack={"name": "edge_case_backdoor", "f": 2, "params": {"source": 1}}).run()
