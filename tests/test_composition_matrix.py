@@ -1,6 +1,6 @@
 """The composition matrix at toy size (issue #29 item 2): every protocol (plain, secagg, he on
 the emulator, tee in process) x DP placement (off, central, local, distributed) x client kind
-(backprop, zeroth-order) x attack (none, ALIE), each with its protocol's default settings.
+(backprop, zeroth-order) x attack (none, sign flip), each with its protocol's default settings.
 
 Each cell either ends above chance level, or warns naming the setting to change; no default
 configuration quantizes the messages away (the counters of the protocols stay healthy); and a
@@ -21,7 +21,7 @@ from fedsafe.core.errors import ConfigError
 PROTOCOLS = ("plain", "secagg", "he", "tee")
 DP = ("off", "central", "local", "distributed")
 GRADIENTS = ("backprop", "zeroth_order")
-ATTACKS = ("none", "alie")
+ATTACKS = ("none", "sign_flip")
 ROUNDS = 4
 CLIENTS = 6
 CHANCE = 1.5 / 10  # digits: 10 classes (fedsafe.engine.metrics.CHANCE_FACTOR / num_classes)

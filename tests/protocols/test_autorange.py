@@ -1,0 +1,214 @@
+"""``"auto"`` ranges (issue #29 item 2): the findings reproduced at the former defaults, and what
+``he.range = "auto"`` and ``tee.clip = "auto"`` resolve to, against numpy and closed forms."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from fedsafe.core.types import Message, RoundContext
+from fedsafe.protocols.autorange import (
+    HE_RANGE_FACTOR,
+    calibrated_range,
+    client_scales,
+    dp_norm_bound,
+    dp_rms_bound,
+    median_scale,
+)
+from fedsafe.protocols.he import HEProtocol
+from fedsafe.protocols.he.config import HEConfig
+from fedsafe.protocols.tee.config import TEEConfig
+from fedsafe.protocols.tee.leakage import AUTO_CLIP_FACTOR, auto_clip
+from fedsafe.robust.pipeline import RobustPipeline
+
+
+def _pipe(rule="trimmed_mean", f=1):
+    return RobustPipeline(rule, {}, [], f, 0)
+
+
+def _ctx(n, round_=1, byz=0):
+    return RoundContext(round_, 5, tuple(range(100, 100 + n)), byz)
+
+
+def _msgs(x):
+    return [Message(100 + i, torch.from_numpy(np.ascontiguousarray(x[i])).float()) for i in range(len(x))]
+
+
+# --- the statistics, against numpy -------------------------------------------------------------
+
+
+def test_client_scales_are_each_rows_rms_over_its_finite_coordinates():
+    rng = np.random.default_rng(0)
+    x = rng.normal(0, 1e-3, size=(5, 40))
+    x[1, 3] = np.nan
+    x[2, :] = np.inf
+    got = client_scales(x)
+    for i in range(5):
+        row = x[i][np.isfinite(x[i])]
+        want = 0.0 if row.size == 0 else math.sqrt(float(np.mean(row**2)))
+        assert got[i] == pytest.approx(want, rel=1e-12)
+
+
+def test_median_scale_is_numpys_median_of_the_finite_scales():
+    for s in ([3.0, 1.0, 2.0], [4.0, 1.0, 3.0, 2.0], [1.0, np.nan, 5.0]):
+        finite = [v for v in s if np.isfinite(v)]
+        assert median_scale(s) == pytest.approx(float(np.median(finite)))
+    assert median_scale([]) > 0 and median_scale([0.0, 0.0]) > 0  # never a zero range
+
+
+def test_a_byzantine_minority_cannot_move_the_calibration_outside_the_honest_scales():
+    rng = np.random.default_rng(1)
+    honest = rng.normal(0, 1e-4, size=(7, 200))
+    byz = np.full((3, 200), 1e6)  # f = 3 < n/2 nodes lying about their scale
+    r, scale = calibrated_range(np.vstack([honest, byz]))
+    s = client_scales(honest)
+    assert s.min() <= scale <= s.max() and r == HE_RANGE_FACTOR * scale
+
+
+def test_dp_bounds_match_their_closed_forms():
+    d, c, sigma = 1000, 2.0, 0.3
+    assert dp_rms_bound([(d, -c, c, sigma)]) == pytest.approx(math.sqrt(c * c / d + sigma * sigma))
+    # a vector at the clip: its RMS is exactly c / sqrt(d), the bound without noise
+    v = np.ones(d) * c / math.sqrt(d)
+    assert float(np.sqrt(np.mean(v**2))) == pytest.approx(dp_rms_bound([(d, -c, c, 0.0)]))
+    # the norm bound holds for noisy messages with a margin, and is tight to within the tail term
+    rng = np.random.default_rng(2)
+    bound = dp_norm_bound([(d, -c, c, sigma)])
+    noisy = v + rng.normal(0, sigma, size=(2000, d))
+    norms = np.linalg.norm(noisy, axis=1)
+    assert norms.max() < bound < c + sigma * math.sqrt(d) + 10 * sigma
+
+
+def test_tee_auto_clip_is_the_factor_times_the_median_norm():
+    norms = [0.5, 2.0, 1.0, float("nan"), 4.0]
+    assert auto_clip(norms) == pytest.approx(AUTO_CLIP_FACTOR * float(np.median([0.5, 2.0, 1.0, 4.0])))
+    assert auto_clip([1.0, 3.0], growth=10.0) == pytest.approx(AUTO_CLIP_FACTOR * 10.0 * 2.0)
+    with pytest.raises(ValueError, match="growth"):
+        auto_clip([1.0], growth=0.5)
+
+
+# --- config -------------------------------------------------------------------------------------
+
+
+def test_auto_is_the_default_and_numbers_still_work():
+    assert HEConfig().range == "auto" and TEEConfig().clip == "auto"
+    assert HEConfig(range=0.05).range == 0.05 and TEEConfig(clip=10).clip == 10.0
+    for bad in ("automatic", -1, 0, float("inf"), True):
+        with pytest.raises(ValueError, match="he.range must be"):
+            HEConfig(range=bad)
+        with pytest.raises(ValueError, match="tee.clip must be"):
+            TEEConfig(clip=bad)
+
+
+# --- the findings: zeroth-order scalars and local-DP messages under he.range = 0.05 ------------
+
+
+def _zo_like(n=6, k=100, seed=0):
+    """K loss differences sigma <g, u> with sigma = 1e-4, |g| ~ 1: scalars ~ 1e-4."""
+    return np.random.default_rng(seed).normal(0, 1e-4, size=(n, k))
+
+
+def test_the_former_default_erases_every_zeroth_order_scalar_and_auto_keeps_them():
+    x = _zo_like()
+    old = HEProtocol(backend="emulator", range=0.05).aggregate(_msgs(x), _pipe(), _ctx(len(x)))
+    assert old.metrics["he_zeroed_fraction"] == 1.0 and not old.vector.any()
+    new = HEProtocol(backend="emulator").aggregate(_msgs(x), _pipe(), _ctx(len(x)))
+    want = HE_RANGE_FACTOR * float(np.median(np.sqrt(np.mean(x**2, axis=1))))
+    assert new.metrics["he_range"] == pytest.approx(want, rel=1e-9)
+    assert new.metrics["he_zeroed_fraction"] < 0.25 and new.metrics["he_clipped_fraction"] < 0.02
+    # the aggregate now follows the plaintext trimmed mean to within a quantization step
+    ref = np.sort(x, axis=0)[1:-1].mean(axis=0)
+    step = want / 7
+    assert np.abs(new.vector.numpy() - ref).max() < step
+
+
+class _LocalDP:
+    """What the DP plugin declares under local placement: updates clipped to C, noise z C."""
+
+    name = "dp"
+
+    def __init__(self, clip, z):
+        self.clip, self.z = clip, z
+
+    def message_ranges(self, dim):
+        return [(dim, -self.clip, self.clip, self.z * self.clip)]
+
+
+def test_local_dp_messages_are_clipped_by_the_former_default_and_auto_derives_from_dp():
+    d, c, z = 500, 1.0, 1.0
+    rng = np.random.default_rng(3)
+    g = rng.normal(0, 1, size=(6, d))
+    g = g / np.linalg.norm(g, axis=1, keepdims=True) * c  # clipped to C
+    x = g + rng.normal(0, z * c, size=g.shape)  # local noise
+    old = HEProtocol(backend="emulator", range=0.05).aggregate(_msgs(x), _pipe(), _ctx(6))
+    assert old.metrics["he_clipped_fraction"] > 0.9
+    proto = HEProtocol(backend="emulator")
+    proto.bind_plugins([_LocalDP(c, z)])
+    new = proto.aggregate(_msgs(x), _pipe(), _ctx(6))
+    assert new.metrics["he_range"] == pytest.approx(HE_RANGE_FACTOR * math.sqrt(c * c / d + (z * c) ** 2))
+    assert proto.range_source == "dp" and new.metrics["he_clipped_fraction"] < 0.01
+
+
+def test_auto_follows_the_messages_round_by_round():
+    proto = HEProtocol(backend="emulator")
+    ranges = []
+    for t, scale in enumerate((1e-3, 1e-2, 1e-1), 1):
+        x = np.random.default_rng(t).normal(0, scale, size=(5, 300))
+        ranges.append(proto.aggregate(_msgs(x), _pipe(), _ctx(5, round_=t)).metrics["he_range"])
+    assert ranges[0] < ranges[1] < ranges[2]
+    assert [r / s for r, s in zip(ranges, (1e-3, 1e-2, 1e-1))] == pytest.approx([HE_RANGE_FACTOR] * 3, rel=0.1)
+
+
+def test_a_destroying_range_warns_naming_the_setting_and_the_auto_value():
+    from fedsafe.protocols.he.protocol import QUANTIZATION_PATIENCE
+
+    proto = HEProtocol(backend="emulator", range=0.05)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for t in range(1, QUANTIZATION_PATIENCE + 1):
+            proto.aggregate(_msgs(_zo_like(seed=t)), _pipe(), _ctx(6, round_=t))
+    msgs = [str(w.message) for w in caught]
+    assert len(msgs) == 1
+    assert "he.range = 0.05 rounds 100.0%" in msgs[0] and "set he.range = 'auto' (here about 0.0003" in msgs[0]
+
+
+# --- TEE --------------------------------------------------------------------------------------
+
+
+def test_tee_auto_clip_is_resolved_in_the_first_round_inside_the_enclave():
+    from fedsafe.protocols.tee.protocol import TEEProtocol
+
+    rng = np.random.default_rng(4)
+    x1 = rng.normal(0, 1e-3, size=(5, 64))
+    with TEEProtocol(TEEConfig(processes=False), growth=2.0) as proto:
+        a1 = proto.aggregate(_msgs(x1), _pipe("multi_krum", 1), _ctx(5))
+        want = AUTO_CLIP_FACTOR * 2.0 * float(np.median(np.linalg.norm(x1.astype(np.float32), axis=1)))
+        assert a1.metrics["tee_clip"] == pytest.approx(want, rel=1e-5) and a1.metrics["clipped"] == 0
+        x2 = rng.normal(0, 1.0, size=(5, 64))  # far above: clipped to the clip fixed in round 1
+        a2 = proto.aggregate(_msgs(x2), _pipe("multi_krum", 1), _ctx(5, round_=2))
+        assert a2.metrics["tee_clip"] == a1.metrics["tee_clip"] and a2.metrics["clipped"] == 5
+
+
+def test_tee_auto_clip_with_dp_is_the_dp_norm_bound():
+    from fedsafe.protocols.tee.protocol import TEEProtocol
+
+    x = np.random.default_rng(5).normal(0, 0.01, size=(5, 64))
+    with TEEProtocol(TEEConfig(processes=False)) as proto:
+        proto.bind_plugins([_LocalDP(1.0, 0.5)])
+        agg = proto.aggregate(_msgs(x), _pipe("multi_krum", 1), _ctx(5))
+    assert agg.metrics["tee_clip"] == pytest.approx(dp_norm_bound([(64, -1.0, 1.0, 0.5)]))
+    assert proto.clip_source == "dp"
+
+
+def test_tee_momentum_growth_comes_from_the_config():
+    from fedsafe.config import validate
+    from fedsafe.protocols.tee.protocol import from_config
+
+    base = {"protocol": "tee", "robust": {"rule": "multi_krum"}, "attack": {"name": "alie", "f": 1}}
+    assert from_config(validate({**base, "clients": {"momentum": 0.9}})).growth == pytest.approx(10.0)
+    assert from_config(validate({**base, "clients": {"momentum": 0.0}})).growth == 1.0
+    assert from_config(validate({**base, "clients": {"momentum": 0.9, "algorithm": "fedavg"}})).growth == 1.0
