@@ -42,7 +42,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from fedsafe.core.randomness import RandomSource  # noqa: E402
-from fedsafe.engine.backends import VectorizedBackend, make_loss  # noqa: E402
+from fedsafe.engine.backends import VectorizedBackend  # noqa: E402
 from fedsafe.models import ParamLayout, build_model, flatten_params  # noqa: E402
 from fedsafe.models.config import ModelConfig  # noqa: E402
 from fedsafe.privacy.dp import dpsgd  # noqa: E402
@@ -59,10 +59,7 @@ class _Work:
 
     def __init__(self, model, layout, x, y):
         self.data = type("Data", (), {"x_train": x, "y_train": y, "client_indices": [np.arange(len(y))]})()
-        self._loss = make_loss(model, layout)
-
-    def loss_fn(self):
-        return self._loss
+        self.backend = type("Backend", (), {"model": model, "layout": layout, "loss_fn": None})()
 
 
 def _median_ms(fn, repeats: int, inner: int) -> float:

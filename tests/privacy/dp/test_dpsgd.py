@@ -130,8 +130,8 @@ def test_per_example_gradients_equal_a_naive_loop():
     rows = torch.randn(3, layout.dim, generator=g) * 0.1
     owner = torch.tensor([0, 0, 1, 2, 2, 2, 1, 0, 1, 2, 0, 1, 2])
     loss = _loss(model, layout)
-    grads, losses = dpsgd.per_example_gradients(loss, flat, x, y, chunk_bytes=4 * layout.dim * 5)  # 3 chunks
-    own, _ = dpsgd.per_example_gradients(loss, rows, x, y, owner=owner)
+    grads, losses = dpsgd.per_example_gradients(model, layout, flat, x, y, chunk_bytes=4 * layout.dim * 5)  # 3 chunks
+    own, _ = dpsgd.per_example_gradients(model, layout, rows, x, y, owner=owner)
     for e in range(13):
         for params, got in ((flat, grads[e]), (rows[owner[e]], own[e])):
             p = params.clone().requires_grad_(True)
@@ -155,6 +155,21 @@ def test_clipping_is_opacus_factor_and_bounds_each_norm():
     assert ((norms_ref < 0.5 - 1e-6) == (factor == 1.0)).all()  # small gradients pass unchanged
     for c in range(4):
         torch.testing.assert_close(sums[c], clipped[owner == c].sum(0), rtol=1e-5, atol=1e-6)
+
+
+def test_per_tensor_clipped_sums_equal_flat_ones():
+    model, layout = _mlp()
+    g = torch.Generator().manual_seed(4)
+    x, y = torch.randn(11, 1, 8, 8, generator=g), torch.randint(0, 10, (11,), generator=g)
+    owner = torch.tensor([2, 0, 0, 1, 2, 2, 0, 1, 1, 0, 2])
+    for params in (torch.randn(layout.dim, generator=g) * 0.3, torch.randn(3, layout.dim, generator=g) * 0.3):
+        grads, losses = dpsgd.per_example_gradients(model, layout, params, x, y, owner=owner)
+        ref, ref_norms = dpsgd.clipped_sums(grads, owner, 3, 0.2)
+        sums, norms, got_losses = dpsgd.per_example_clipped_sums(model, layout, params, x, y, owner, 3, 0.2,
+                                                                 chunk_bytes=4 * layout.dim * 4)
+        torch.testing.assert_close(sums, ref, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(norms, ref_norms, rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(got_losses, losses)
 
 
 def _oracle(z, sampling="poisson", batch=10, source=None):

@@ -26,7 +26,6 @@ from opacus.grad_sample import GradSampleModule  # noqa: E402
 from opacus.optimizers import DPOptimizer  # noqa: E402
 
 from fedsafe.data import FederatedDataset  # noqa: E402,F401 (the oracle reads x_train, y_train, client_indices)
-from fedsafe.engine.backends import make_loss  # noqa: E402
 from fedsafe.models import ParamLayout, build_model, flatten_params  # noqa: E402
 from fedsafe.models.config import ModelConfig  # noqa: E402
 from fedsafe.privacy.dp import dpsgd  # noqa: E402
@@ -58,10 +57,7 @@ class _PresetSource:
 class _Work:
     def __init__(self, model, layout, x, y):
         self.data = type("D", (), {"x_train": x, "y_train": y, "client_indices": [np.arange(len(y))]})()
-        self._loss = make_loss(model, layout)
-
-    def loss_fn(self):
-        return self._loss
+        self.backend = type("Backend", (), {"model": model, "layout": layout, "loss_fn": None})()
 
 
 def _opacus_step(model, x, y, z, clip, batch, seed):
