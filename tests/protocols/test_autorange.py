@@ -212,3 +212,60 @@ def test_tee_momentum_growth_comes_from_the_config():
     assert from_config(validate({**base, "clients": {"momentum": 0.9}})).growth == pytest.approx(10.0)
     assert from_config(validate({**base, "clients": {"momentum": 0.0}})).growth == 1.0
     assert from_config(validate({**base, "clients": {"momentum": 0.9, "algorithm": "fedavg"}})).growth == 1.0
+
+
+def test_a_run_shorter_than_the_patience_warns_when_it_ends_if_every_round_was_destroyed():
+    proto = HEProtocol(backend="emulator", range=0.05)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for t in (1, 2, 3):
+            proto.aggregate(_msgs(_zo_like(seed=t)), _pipe(), _ctx(6, round_=t))
+        assert not caught
+        proto.close()
+        proto.close()
+    assert len(caught) == 1 and "for 3 rounds up to round 3" in str(caught[0].message)
+    assert "set he.range = 'auto'" in str(caught[0].message)
+    # one usable round in between: nothing to say at the end
+    proto = HEProtocol(backend="emulator", range=0.05)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        proto.aggregate(_msgs(_zo_like(seed=1)), _pipe(), _ctx(6, round_=1))
+        proto.aggregate(_msgs(_zo_like(seed=2) * 300), _pipe(), _ctx(6, round_=2))
+        proto.aggregate(_msgs(_zo_like(seed=3)), _pipe(), _ctx(6, round_=3))
+        proto.close()
+
+
+# --- secure aggregation without DP: [-1, 1], and warnings when the encoding destroys the messages
+
+
+def _secagg_round(cfg, x, round_=1):
+    from fedsafe.protocols.secagg.protocol import SecAggProtocol
+
+    proto = SecAggProtocol(cfg, key_seed=0)
+    return proto, proto.aggregate(_msgs(x), _pipe("mean", 0), _ctx(len(x), round_=round_))
+
+
+def test_secagg_auto_without_dp_is_one_and_fine_enough_for_zeroth_order_scalars():
+    from fedsafe.protocols.secagg.config import SecAggConfig
+
+    x = _zo_like(n=4, k=50)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _, agg = _secagg_round(SecAggConfig(), x)
+    assert agg.metrics["secagg_range"] == 1.0 and agg.metrics["secagg_clipped_fraction"] == 0
+    # 2^q levels over [-1, 1]: the mean is exact to half a step, far below the scalars' 1e-4
+    assert np.abs(agg.vector.numpy() - x.mean(axis=0)).max() <= agg.metrics["secagg_quant_error_bound"] < 1e-6
+
+
+def test_secagg_warns_once_naming_the_range_when_it_clips_or_rounds_the_messages_away():
+    from fedsafe.protocols.secagg.config import SecAggConfig
+
+    x = _zo_like(n=4, k=50)
+    with pytest.warns(UserWarning, match=r"secagg.range = 1e-05 .* clips 9\d.\d% of the coordinates") as caught:
+        _, agg = _secagg_round(SecAggConfig(range=1e-5), x)
+    assert agg.metrics["secagg_clipped_fraction"] > 0.9 and len(caught) == 1
+    # 16-bit words, 4 clients: q = 14 (4 (2^14 - 1) < 2^16), a step of 200 / (2^14 - 1) = 0.0122
+    # over [-100, 100] against scalars of 1e-4
+    assert f"{200 / (2**14 - 1):.3g}" == "0.0122"
+    with pytest.warns(UserWarning, match=r"quantization step 0.0122 of secagg.range = 100.0 at 14 bits exceeds"):
+        _secagg_round(SecAggConfig(range=100.0, bits=16), x)

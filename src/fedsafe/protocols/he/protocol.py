@@ -135,6 +135,8 @@ class HEProtocol:
         self._setup_reported: set[HEParams] = set()
         self._warned: set[str] = set()  # warnings already given in this run
         self._useless_streak = 0  # consecutive rounds quantization_destroys_signal held
+        self._rounds_seen = 0
+        self._pending_warning: str | None = None  # the quantization warning, should the run end first
 
     # ------------------------------------------------------------------ engine interface
 
@@ -275,8 +277,14 @@ class HEProtocol:
         clipped, zeroed = self.quantizer.loss_fractions(x[honest_rows(messages, ctx)])
         useless = quantization_destroys_signal(clipped, zeroed)
         self._useless_streak = self._useless_streak + 1 if useless else 0
-        if self._useless_streak >= QUANTIZATION_PATIENCE:
-            self._warn_once("quantization", self.quantization_message(x, messages, ctx, clipped, zeroed))
+        self._rounds_seen += 1
+        self._pending_warning = None
+        if useless and "quantization" not in self._warned:
+            message = self.quantization_message(x, messages, ctx, clipped, zeroed)
+            if self._useless_streak >= QUANTIZATION_PATIENCE:
+                self._warn_once("quantization", message)
+            elif self._useless_streak == self._rounds_seen:
+                self._pending_warning = message  # every round so far: warned at close() if the run ends now
         metrics = {
             "he_inputs": float(len(chosen)),
             "he_selected": float(count),
@@ -524,6 +532,11 @@ class HEProtocol:
         return np.stack(plan.digits.split(self.quantizer.shifted(row)))
 
     def close(self) -> None:
+        """Release the BFV server's workers. A run shorter than ``QUANTIZATION_PATIENCE`` rounds
+        whose every round was left meaningless by the quantization gets its warning now."""
+        if self._pending_warning is not None and "quantization" not in self._warned:
+            self._warn_once("quantization", self._pending_warning)
+        self._pending_warning = None
         for _, server in self._parties.values():
             server.close()
 

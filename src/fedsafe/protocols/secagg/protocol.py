@@ -44,6 +44,9 @@ from fedsafe.protocols.secagg.config import SecAggConfig
 from fedsafe.protocols.secagg.errors import SecAggError
 from fedsafe.protocols.secagg.pki import Enrolment
 from fedsafe.protocols.secagg.ranges import NoisyRun, as_runs, clip_probability, derive
+
+#: a round whose encoding clips more than this fraction of the coordinates warns (once per run)
+CLIPPED_WARN_FRACTION = 0.1
 from fedsafe.protocols.secagg.session import RoundOutcome, run_round, seeded_randomness
 from fedsafe.robust.pipeline import RobustPipeline, record_aggregate, spec_of
 
@@ -82,6 +85,7 @@ class SecAggProtocol:
         self.enrolment: Enrolment | None = None
         self._declares: list[Any] = []  # plugins declaring message_ranges (bind_plugins)
         self._warned = False
+        self._warned_destroyed: set[str] = set()  # _warn_destroyed's warnings given in this run
         if self.config.adversary == "active":
             seeded = key_seed is not None
             self.enrolment = Enrolment(
@@ -264,12 +268,40 @@ class SecAggProtocol:
         for s in stages:
             metrics[f"secagg_dropped_{s}"] = float(len(out.dropped[s]))
         metrics.update(self._clip_metrics(out, dim, p_clip))
+        metrics["secagg_range"] = float(out.ranges.max_abs())  # what "auto" resolved to (the widest range)
+        self._warn_destroyed(metrics, vector, out, ctx)
         seen = {
             "server": out.server_log,  # type, sender and size of every message; no vector
             "transport": {"bytes_up": dict(out.bytes_up), "bytes_down": dict(out.bytes_down)},
         }
         return Aggregate(vector=vector, count=len(out.survivors), cost=cost, seen=seen, metrics=metrics, included=tuple(out.survivors))
 
+
+    def _warn_destroyed(self, metrics: dict[str, float], vector: Tensor, out: RoundOutcome, ctx: RoundContext) -> None:
+        """Warn once per run when the encoding destroys the messages, naming ``secagg.range``:
+        it clips more than :data:`CLIPPED_WARN_FRACTION` of the coordinates, or its quantization
+        step exceeds the released mean's root-mean-square coordinate (what the server sees
+        anyway), so the mean is mostly rounding."""
+        rng = self.config.key_name("range")
+        frac = metrics["secagg_clipped_fraction"]
+        if frac > CLIPPED_WARN_FRACTION and "clipped" not in self._warned_destroyed:
+            self._warned_destroyed.add("clipped")
+            warnings.warn(
+                f"secagg: {rng} = {self.config.range} ([-{metrics['secagg_range']:.3g}, {metrics['secagg_range']:.3g}]) clips "
+                f"{frac:.1%} of the coordinates in round {ctx.round}: the mean loses their magnitudes; raise {rng} "
+                "(a number c means [-c, c]) above the messages' largest coordinates (metric secagg_clipped_fraction)",
+                UserWarning, stacklevel=3,
+            )
+        step = max(out.ranges.steps(out.quant_bits))
+        rms = float(torch.sqrt(torch.mean(vector.double() ** 2))) if vector.numel() else 0.0
+        if 0.0 < rms < step and "step" not in self._warned_destroyed:
+            self._warned_destroyed.add("step")
+            warnings.warn(
+                f"secagg: the quantization step {step:.3g} of {rng} = {self.config.range} at "
+                f"{out.quant_bits} bits exceeds the released mean's RMS coordinate {rms:.3g} in round {ctx.round}: "
+                f"the mean is mostly rounding; lower {rng} towards the messages' scale, or raise secagg.bits",
+                UserWarning, stacklevel=3,
+            )
 
     def _clip_metrics(self, out: RoundOutcome, dim: int, p_clip: float | None) -> dict[str, float]:
         clients, coords = out.clipped()
