@@ -135,3 +135,55 @@ def test_cell_trains_or_names_the_setting_to_change(protocol, dp, gradient, atta
         assert "he_range" in summary and summary["he_range"] > 0
     if protocol == "tee":
         assert "tee_clip" in summary and summary["tee_clip"] > 0
+
+
+# --- the end-of-run diagnosis (fedsafe.engine.metrics) -----------------------------------------
+
+
+def _rows(n=6, **per_round):
+    return [{"round": t, "participants": 6, **per_round, "test_accuracy": None} for t in range(1, n + 1)]
+
+
+def test_resolved_settings_report_the_last_value_and_the_spread():
+    from fedsafe.engine.metrics import resolved_settings, summarize
+
+    rows = [{"round": 1, "he_range": 0.1}, {"round": 2, "he_range": 0.3}, {"round": 3, "he_range": 0.2, "tee_clip": 4.0}]
+    assert resolved_settings(rows) == {"he_range": 0.2, "he_range_min": 0.1, "he_range_max": 0.3, "tee_clip": 4.0}
+    assert summarize(rows)["he_range"] == 0.2
+
+
+def test_chance_level_names_the_counter_that_points_to_the_culprit():
+    from fedsafe.engine.metrics import chance_level_message
+
+    cfg = validate({"protocol": "he", "robust": {"rule": "trimmed_mean"}, "clients": {"gradient": "zeroth_order"}})
+    rows = _rows(he_zeroed_fraction=1.0, he_clipped_fraction=0.0, he_range=0.05)
+    rows[-1]["test_accuracy"] = 0.12
+    msg = chance_level_message(cfg, rows, 10)
+    assert msg.startswith("the run ended at chance level: final accuracy 12.0%")
+    assert "he.range = 0.05 rounds 100% of the honest coordinates to 0" in msg and "he.range = 'auto'" in msg
+    rows[-1]["test_accuracy"] = 0.16  # above 1.5 / 10: no warning
+    assert chance_level_message(cfg, rows, 10) is None
+
+    dp = validate({"clients": {"gradient": "zeroth_order"}, "dp": {"enabled": True, "placement": "central"}})
+    rows = _rows(clipped_fraction=0.0)
+    rows[-1]["test_accuracy"] = 0.1
+    msg = chance_level_message(dp, rows, 10, dim=100)
+    assert "dp.clip = 1 is above 100% of the clients' message norms" in msg and "zeroth-order" in msg
+    assert "dp.noise_multiplier x dp.clip x sqrt(d)" in msg  # 1 x sqrt(100) / 6 = 1.7 > 1
+    assert "sqrt(d)" not in chance_level_message(dp, rows, 10, dim=25)  # 1 x 5 / 6 < 1
+
+    attacked = validate({"attack": {"name": "sign_flip", "f": 2}})
+    rows = _rows()
+    rows[-1]["test_accuracy"] = 0.05
+    assert "robust.rule = 'mean' does not resist attack.name = 'sign_flip'" in chance_level_message(attacked, rows, 10)
+    assert "check server.lr" in chance_level_message(validate({}), rows, 10)
+
+
+def test_the_old_defaults_fail_the_health_check_and_warn_naming_the_setting():
+    """The guard above can fail: zeroth-order + he at the former he.range = 0.05 erases every
+    scalar, and the run warns naming he.range."""
+    raw = cell_config("he", "off", "zeroth_order", "none")
+    raw["he"]["range"] = 0.05
+    fed, summary, messages = _run(raw)
+    assert _healthy_quantization(fed.rows) == ["he_zeroed_fraction = 1.00"]
+    assert any("he.range = 0.05 rounds 100.0%" in m and "set he.range = 'auto'" in m for m in messages)
