@@ -39,7 +39,13 @@ Per-round metrics besides costs (see :meth:`HEProtocol.aggregate`):
   clipped by the clamp and those erased by rounding (:meth:`Quantizer.loss_fractions`);
   ``he_quantization_warning`` is 1 in a round where they make the aggregate meaningless
   (:func:`quantization_destroys_signal`); ``QUANTIZATION_PATIENCE`` such rounds in a row
-  warn, once per run.
+  warn, once per run, naming ``he.range`` and the value ``"auto"`` would take (as does the end
+  of a shorter run whose every round was such a round).
+* ``he_range``: the round's C. ``he.range = "auto"`` (the default) resolves it every round
+  (:meth:`HEProtocol.resolve_quantizer`, :mod:`fedsafe.protocols.autorange`): 3x the messages'
+  root-mean-square coordinate, from DP's clip and noise when a DP plugin declares the messages
+  (public), otherwise the median over the nodes of each node's own RMS (one scalar per round
+  revealed, robust to a Byzantine minority).
 """
 
 from __future__ import annotations

@@ -10,7 +10,12 @@ Choices (documented here once, used everywhere):
   inequality (capped at 52, the resolution of a float64).
 * **Ranges** (``range``; ``clip`` before, a deprecated alias for one release: these are
   coordinate ranges, not L2 norms). A number ``c``: every coordinate in ``[-c, c]``, as the user asked.
-  ``"auto"`` (the default): without DP, ``[-1, 1]``; with DP (``dp.placement`` ``local`` or
+  ``"auto"`` (the default): without DP, ``[-1, 1]``: the server never holds the updates to
+  calibrate on (over Flower they stay on the nodes), and with ``q >= 16`` bits the step
+  ``2 / (2^q - 1)`` is fine enough for every message kind (``7.5e-9`` at 32 bits and 8 clients,
+  against zeroth-order scalars of ``1e-5..1e-3``); a round that clips more than 10% of the
+  coordinates, or whose step exceeds the released mean's RMS coordinate, warns once naming
+  ``secagg.range`` (``SecAggProtocol._warn_destroyed``); with DP (``dp.placement`` ``local`` or
   ``distributed``; ``central`` cannot run under secagg), a range per kind of message coordinate,
   derived each round from what the DP plugin declares (:mod:`.ranges`): the update's
   coordinates lie in ``[-C, C]`` (an update clipped to L2 norm ``C``, the current clip norm),
@@ -91,8 +96,10 @@ class SecAggConfig(RenamingSection):
     )
     range: float | Literal["auto"] = Field(
         "auto",
-        description="coordinates clipped to [-range, range]; 'auto': [-1, 1] without DP, with DP a range per kind of "
-        "coordinate from the DP clip norm and noise, widened so that clipping noise has probability <= range_probability",
+        description="coordinates clipped to [-range, range]; 'auto': [-1, 1] without DP (2^q levels: fine for gradients "
+        "and zeroth-order scalars alike; a run that clips >10% or rounds its mean away warns), with DP a range per kind "
+        "of coordinate from the DP clip norm and noise, widened so that clipping noise has probability <= "
+        "range_probability",
     )
     range_probability: float = Field(
         1e-15, gt=0, lt=1, allow_inf_nan=False,
