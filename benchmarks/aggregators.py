@@ -63,6 +63,7 @@ import platform  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
+from typing import Any  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
@@ -157,16 +158,38 @@ def call_kwargs(registry, name: str, f: int, seed: int) -> tuple[dict, Callable[
 def with_round_inputs(registry, name: str, impl: Callable) -> Callable:
     """``impl`` with the reserved inputs a round supplies bound to stand-ins: ``server_update``
     (FLTrust's view of the server's own update) to the first row of the updates, an update of
-    the same kind computed by no one; ``client_ids`` and ``history`` (FoolsGold) to rows
-    0..n-1 and no history (the first round). The timing is then the rule's alone."""
+    the same kind computed by no one; ``client_ids`` to rows 0..n-1, with no ``history``
+    (FoolsGold's first round). A rule with a ``state`` (FLDetector) gets one warmed up on the
+    rows moving a little for a full window (its rule's defaults), the model moving too, so the call
+    timed is a steady-state round: its scoring, detection and base rule, recording nothing. The
+    timing is then the rule's alone."""
     wanted = set(inspect.signature(impl).parameters) & set(registry.reserved)
+    warmed: dict[tuple[int, ...], Any] = {}
+
+    def state_for(updates, f):
+        key = tuple(updates.shape)
+        if key not in warmed:
+            entry = registry.entry(name)
+            state = entry.meta["state"](**{k: p.default for k, p in entry.params.items()})
+            g = torch.Generator().manual_seed(0)
+            ids = tuple(range(updates.shape[0]))
+            for _ in range(state.window + 1):
+                delta = 1e-3 * torch.randn(updates.shape[1], generator=g)
+                moved = updates + 1e-2 * torch.randn(updates.shape, generator=g, dtype=updates.dtype)
+                impl(moved, f=f, client_ids=ids, state=state, model_delta=delta, commit=True,
+                     generator=torch.Generator().manual_seed(1))
+            warmed[key] = (state, delta)
+        return warmed[key]
 
     def call(updates, **kw):
         if "server_update" in wanted:
             kw["server_update"] = updates[0]
         if "client_ids" in wanted:
             kw["client_ids"] = tuple(range(updates.shape[0]))
+        if "history" in wanted:
             kw["history"] = {}
+        if "state" in wanted:
+            kw["state"], kw["model_delta"] = state_for(updates, kw.get("f", 0))
         return impl(updates, **kw)
 
     return call if wanted & {"server_update", "client_ids"} else impl

@@ -108,7 +108,7 @@ def _federation(attack: str, rounds: int = 30, n: int = 20, bad: int = 4, d: int
     centres = 1.0 + 0.3 * torch.randn(n, d, generator=g, dtype=torch.float64)
     w = torch.zeros(d, dtype=torch.float64)
     prev_w = None
-    det = FLDetector(window=window)
+    det = FLDetector(window=window, rule="mean")
     outs = []
     for t in range(rounds):
         grads = (w - centres) @ a  # honest gradients (A symmetric)
@@ -154,11 +154,11 @@ def test_state_dict_resumes_exactly():
     a = torch.diag(torch.linspace(0.5, 2.0, d, dtype=torch.float64))
     centres = 1.0 + 0.3 * torch.randn(n, d, generator=g, dtype=torch.float64)
     w, prev_w = torch.zeros(d, dtype=torch.float64), None
-    det = FLDetector(window=5)
+    det = FLDetector(window=5, rule="mean")
     outs = []
     for t in range(20):
         if t == 12:
-            fresh = FLDetector(window=5)
+            fresh = FLDetector(window=5, rule="mean")
             fresh.load_state_dict(det.state_dict())
             det = fresh
         grads = (w - centres) @ a
@@ -180,3 +180,95 @@ def test_errors():
         FLDetector().aggregate(torch.ones(2, 3), [1, 1], None, torch.Generator())
     with pytest.raises(ValueError, match=r"kmeans_1d: k must be in \[1, 3\]"):
         kmeans_1d(np.ones(3), 4)
+
+
+# --- the registered rule, run by the robust pipeline and the engine ------------------------------
+
+
+def test_the_rule_alone_sees_one_round_and_returns_the_mean():
+    from fedsafe.robust.aggregators import AGGREGATORS
+
+    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(0))
+    rule = AGGREGATORS.get("fldetector")
+    median = torch.from_numpy(np.median(x.numpy(), axis=0))
+    torch.testing.assert_close(rule(x, f=1, client_ids=range(6)), median)  # the default base rule
+    torch.testing.assert_close(AGGREGATORS.get("fldetector", {"rule": "mean"})(x, f=1, client_ids=range(6)), x.mean(0))
+    with pytest.raises(ValueError, match="needs the client id of every row"):
+        rule(x, f=1)
+    with pytest.raises(ValueError, match="parameter space"):  # zeroth-order messages: not the model's size
+        rule(x, f=1, client_ids=range(6), model_delta=torch.ones(9), state=FLDetector(window=1), commit=True)
+    assert set(AGGREGATORS.entry("fldetector").params) == {"window", "min_scores", "refs", "max_k", "rule"}
+    with pytest.raises(ValueError, match="needs client_ids, history"):
+        FLDetector(rule="foolsgold")
+    with pytest.raises(ValueError, match="must be a registered aggregation rule"):
+        FLDetector(rule="nope")
+
+
+def test_the_pipeline_runs_the_detector_from_the_models_changes():
+    """The pipeline makes the detector from the rule's parameters, computes Δw = w_t − w_{t−1}
+    from the models begin_round sees, and records a round only when it aggregates it: the same
+    outputs and flags as the detector driven by hand (_federation), and an attacker's what-if
+    aggregation (apply) changes nothing."""
+    from fedsafe.robust.pipeline import RobustPipeline
+
+    want_det, want = _federation("sign_flip", rounds=20)
+    pipe = RobustPipeline("fldetector", {"window": 5, "rule": "mean"}, [], 4, seed=0)
+    assert pipe.follows_clients and pipe.uses_model_delta
+    g = torch.Generator().manual_seed(0)
+    n, bad, d = 20, 4, 12
+    a = torch.diag(torch.linspace(0.5, 2.0, d, dtype=torch.float64))
+    centres = 1.0 + 0.3 * torch.randn(n, d, generator=g, dtype=torch.float64)
+    w = torch.zeros(d, dtype=torch.float64)
+    got = []
+    # the detector's gap statistic draws from the pipeline's stream ("robust.rule", t)
+    for t in range(20):
+        pipe.begin_round(t, w)
+        grads = (w - centres) @ a
+        grads[:bad] = -grads[bad:].mean(0)
+        before = pipe.state_dict()
+        pipe.apply(-grads, t, list(range(n)))
+        after = pipe.state_dict()
+        assert before["_rule_state"]["scores"] == after["_rule_state"]["scores"]
+        assert before["_rule_state"]["flagged"] == after["_rule_state"]["flagged"]
+        out = pipe(grads, t, list(range(n)))
+        got.append(out)
+        w = w - 0.3 * out
+    assert pipe.rule_state.flagged == want_det.flagged == {0, 1, 2, 3}
+    # the same aggregates until detection draws (its generator differs from _federation's)
+    for x, y in zip(got[:6], want[:6]):
+        torch.testing.assert_close(x, y)
+    with pytest.raises(ValueError, match="cannot run after pre-aggregators"):
+        RobustPipeline("fldetector", {}, [("nnm", {})], 1, 0)
+    with pytest.raises(ValueError, match="only calling the pipeline records them"):
+        pipe.record(got[-1])
+
+
+# each client's full-batch gradient, as the reference code's clients send (FLDetector assumes
+# an honest update is predictable from the last one: see the class docstring)
+RAW_FLD = {"rounds": 16, "seed": 1, "eval_every": 4, "checkpoint_every": 2,
+           "data": {"name": "digits"}, "model": {"name": "logreg"},
+           "clients": {"num_clients": 10, "sampling": "all", "algorithm": "dsgd", "batch_size": 1000},
+           "robust": {"rule": "fldetector", "params": {"window": 3}}, "attack": {"name": "sign_flip", "f": 2}}
+
+
+def test_engine_flags_the_byzantine_clients_and_resumes_exactly(tmp_path, interrupted_then_resumed):
+    from fedsafe import Experiment
+
+    whole = Experiment(RAW_FLD).run(tmp_path / "whole")
+    fed = whole.federation
+    flagged = fed.pipeline.rule_state.flagged
+    assert flagged == set(map(int, fed.byzantine))
+    resumed = interrupted_then_resumed(lambda: Experiment(RAW_FLD), tmp_path / "cut", after=8)
+    assert torch.equal(resumed.federation.state.params, fed.state.params)
+    assert resumed.federation.pipeline.rule_state.flagged == flagged
+
+
+def test_a_round_without_movement_is_not_scored():
+    # the same updates every round: the aggregate differences are 0, the compact matrix singular
+    det = FLDetector(window=2, rule="mean")
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    for t in range(5):
+        out = det.aggregate(x, range(5), torch.full((4,), 1e-3), torch.Generator().manual_seed(t))
+        torch.testing.assert_close(out, x.mean(0))
+    assert det.scores == {} and det.flagged == set()
+    det.aggregate(x, range(5), torch.zeros(4), torch.Generator())  # a model that did not move either

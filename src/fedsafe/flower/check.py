@@ -88,7 +88,7 @@ def config_problems(cfg: ExperimentConfig) -> list[str]:
 def pipeline_problem(pipeline: Any, rule: str) -> str | None:
     """A rule that needs what only fedsafe's engine has: a root dataset (FLTrust) or each
     client's history."""
-    if pipeline.uses_server_update or pipeline.uses_history:
+    if pipeline.uses_server_update or pipeline.follows_clients:
         return f"robust.rule = {rule!r} needs fedsafe's own ServerApp (a root dataset or client histories)"
     return None
 

@@ -46,7 +46,10 @@ from fedsafe.robust.selection import (
 from fedsafe.robust.split import TAG as SPLIT
 from fedsafe.robust.split import DistanceSplit
 
-AGGREGATORS: Registry = Registry("aggregation rule", reserved=("f", "previous", "server_update", "generator", "client_ids", "history"))
+AGGREGATORS: Registry = Registry(
+    "aggregation rule",
+    reserved=("f", "previous", "server_update", "generator", "client_ids", "history", "model_delta", "state", "commit"),
+)
 
 
 
@@ -409,3 +412,4 @@ from fedsafe.robust import fltrust as _fltrust  # noqa: E402,F401  (registers fl
 from fedsafe.robust import defences as _defences  # noqa: E402,F401  (registers mda, caf, smea, clipped_clustering)
 from fedsafe.robust import rlr as _rlr  # noqa: E402,F401  (registers rlr)
 from fedsafe.robust import freqfed as _freqfed  # noqa: E402,F401  (registers freqfed)
+from fedsafe.robust import fldetector as _fldetector  # noqa: E402,F401  (registers fldetector)

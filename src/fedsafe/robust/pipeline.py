@@ -30,13 +30,22 @@ class PipelineSpec:
 class RobustPipeline:
     """``rule(pre_k(...pre_1(updates)))`` with the configured parameters.
 
-    The only state is the previous round's aggregate, handed explicitly to rules that take it
-    (centered clipping) and saved in checkpoints. A protocol that performs the rule itself
+    The state across rounds is the previous round's aggregate, handed explicitly to rules that
+    take it (centered clipping), and what a rule that follows clients keeps (below), all saved in
+    checkpoints. A protocol that performs the rule itself
     (secagg, he, tee) reads :attr:`spec` and hands its aggregate to :meth:`record`. Rules that take ``server_update`` (FLTrust)
     get :attr:`server_update`, which :meth:`begin_round` computes every round, before anything
     aggregates, from the server's own data (:meth:`attach_server_data`: a root dataset);
     randomised rules (FLAME) draw from the stream ``("robust.rule", round)``. Randomised pre-aggregators (bucketing) draw
     from the stream ``("robust.pre", round, position)``.
+
+    Rules that follow clients across rounds get the rows' ``client_ids`` and either ``history``
+    (FoolsGold: each client's sum of past updates, which the pipeline adds to) or ``state`` (a
+    rule registered with ``state=<class>``, FLDetector: one object per run made from the rule's
+    parameters, which records a round only when the rule is called with ``commit=True``, i.e.
+    when the pipeline itself aggregates, never when an attacker simulates the rule through
+    :meth:`apply`). Rules that take ``model_delta`` get the model's change since the previous
+    round, ``w_t − w_{t−1}``, which :meth:`begin_round` computes.
     """
 
     def __init__(
@@ -58,6 +67,17 @@ class RobustPipeline:
         # client's sum of its past updates, kept here and checkpointed
         self.uses_history = "history" in reserved
         self.history: dict[int, Tensor] = {}
+        # rules registered with a state class (FLDetector): one object for the run, made from the
+        # rule's parameters (defaults filled in), recording rounds only on commit
+        entry = AGGREGATORS.entry(rule)
+        self.uses_state = "state" in reserved
+        self.rule_state: Any = None
+        if self.uses_state:
+            settings = {name: self.rule_params.get(name, p.default) for name, p in entry.params.items()}
+            self.rule_state = entry.meta["state"](**settings)
+        self.uses_model_delta = "model_delta" in reserved
+        self.model_delta: Tensor | None = None
+        self._last_params: Tensor | None = None
         self.server_update: Tensor | None = None
         self.root: Any = None  # the server's root-dataset update (fedsafe.robust.root), for server_update
         self.pre = [
@@ -67,15 +87,24 @@ class RobustPipeline:
         self.f = f
         self.seed = seed
         self.previous: Tensor | None = None
-        if self.uses_history and self.pre:
+        if self.follows_clients and self.pre:
             raise ValueError(
                 f"rule {rule!r} follows each client's updates across rounds, so it cannot run after "
                 f"pre-aggregators ({', '.join(n for n, _, _ in self.pre)}), whose rows are no client's"
             )
 
+    @property
+    def follows_clients(self) -> bool:
+        """Whether the rule follows clients across rounds (client histories or a state object):
+        it needs every row with its client, so no protocol can perform it in the pipeline's place."""
+        return self.uses_history or self.uses_state
+
     def apply(self, updates: Tensor, round_: int, ids: Sequence[int] | None = None) -> Tensor:
         """The aggregate of ``updates`` (n, d), whose rows come from the clients ``ids`` (rules
         that follow clients need them); does not change the pipeline's state."""
+        return self._aggregate(updates, round_, ids, commit=False)
+
+    def _aggregate(self, updates: Tensor, round_: int, ids: Sequence[int] | None, *, commit: bool) -> Tensor:
         x = updates
         for pos, (_, fn, randomised) in enumerate(self.pre):
             kw = {"generator": torch_stream(self.seed, "robust.pre", round_, pos)} if randomised else {}
@@ -85,15 +114,20 @@ class RobustPipeline:
             kw["server_update"] = self.server_update
         if self.rule_randomised:  # randomised rules (FLAME's noise) draw from the round's stream
             kw["generator"] = torch_stream(self.seed, "robust.rule", round_)
-        if self.uses_history:
+        if self.follows_clients:
             kw["client_ids"] = None if ids is None else tuple(int(i) for i in ids)
+        if self.uses_history:
             kw["history"] = self.history
+        if self.uses_state:
+            kw["state"], kw["commit"] = self.rule_state, commit
+        if self.uses_model_delta:
+            kw["model_delta"] = self.model_delta
         return self.rule(x, f=self.f, **kw)
 
     def __call__(self, updates: Tensor, round_: int, ids: Sequence[int] | None = None) -> Tensor:
         """Aggregate, remember the result as the previous aggregate and, for rules that follow
         clients, add each row to its client's history."""
-        out = self.apply(updates, round_, ids)
+        out = self._aggregate(updates, round_, ids, commit=True)
         self.previous = out
         if self.uses_history:
             for row, cid in zip(updates, ids):
@@ -127,18 +161,29 @@ class RobustPipeline:
 
     def begin_round(self, round_: int, params: Tensor) -> None:
         """Before anything aggregates this round (the attackers' aggregates included): the
-        server's own inputs to the rule at the round's model ``params`` (FLTrust's root update)."""
+        server's own inputs to the rule at the round's model ``params`` (FLTrust's root update;
+        the model's change since the previous round for a rule that takes ``model_delta``)."""
         if self.root is not None:
             self.server_update = self.root.update(round_, params)
+        if self.uses_model_delta:
+            flat = params.detach().reshape(-1)
+            self.model_delta = None if self._last_params is None else flat - self._last_params
+            self._last_params = flat.clone()
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps besides the previous aggregate: the root update's momentum
-        (``_root``) and the clients' histories (``_history``), for the rules that have them."""
+        (``_root``), the clients' histories (``_history``), the rule's state object
+        (``_rule_state``) and the model the next round's change is taken from
+        (``_last_params``), for the rules that have them."""
         out: dict[str, Any] = {}
         if self.root is not None:
             out["_root"] = self.root.state_dict()
         if self.uses_history:
             out["_history"] = {str(k): v for k, v in self.history.items()}
+        if self.uses_state:
+            out["_rule_state"] = self.rule_state.state_dict()
+        if self.uses_model_delta and self._last_params is not None:
+            out["_last_params"] = self._last_params
         return out
 
     def load_state_dict(self, state: dict[str, Any], *, dim: int, params: int, num_clients: int) -> None:
@@ -150,6 +195,13 @@ class RobustPipeline:
             if bad:
                 raise ValueError(f"client histories of clients {bad[:4]} do not fit this run")
             self.history = history
+        if self.uses_state and "_rule_state" in state:
+            self.rule_state.load_state_dict(state["_rule_state"])
+        if self.uses_model_delta:
+            last = state.get("_last_params")
+            if last is not None and tuple(last.shape) != (params,):
+                raise ValueError(f"the model the next round's change is taken from has shape {tuple(last.shape)}, expected ({params},)")
+            self._last_params = last
         if self.root is not None:
             momentum = state.get("_root", {}).get("momentum")
             if momentum is not None and tuple(momentum.shape) != (1, params):
@@ -169,7 +221,7 @@ class RobustPipeline:
         the pipeline remembers its own: the previous aggregate, handed to rules that take it
         (centered clipping) and saved in checkpoints. A rule that follows clients (FoolsGold)
         also needs the rows, so no protocol can perform it in the pipeline's place."""
-        if self.uses_history:
+        if self.follows_clients:
             raise ValueError(f"rule {self.rule_name!r} follows each client's updates: only calling the pipeline records them")
         self.previous = aggregate
 

@@ -73,6 +73,7 @@ ENCLAVE_MODULES: tuple[str, ...] = (
     "fedsafe.robust.fltrust",
     "fedsafe.robust.rlr",
     "fedsafe.robust.freqfed",
+    "fedsafe.robust.fldetector",
     "fedsafe.robust.selection",
     "fedsafe.robust.split",
     "fedsafe.core.registry",  # decides which selection a rule name runs
