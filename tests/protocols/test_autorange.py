@@ -269,3 +269,16 @@ def test_secagg_warns_once_naming_the_range_when_it_clips_or_rounds_the_messages
     assert f"{200 / (2**14 - 1):.3g}" == "0.0122"
     with pytest.warns(UserWarning, match=r"quantization step 0.0122 of secagg.range = 100.0 at 14 bits exceeds"):
         _secagg_round(SecAggConfig(range=100.0, bits=16), x)
+
+
+def test_tee_precomputes_noise_once_the_auto_clip_is_resolved():
+    from fedsafe.protocols.tee.protocol import TEEProtocol
+
+    rng = np.random.default_rng(6)
+    online = []
+    with TEEProtocol(TEEConfig(processes=False, precompute_rounds=2)) as proto:
+        for t in (1, 2, 3):
+            x = rng.normal(0, 1e-2, size=(5, 64))
+            online.append(proto.aggregate(_msgs(x), _pipe("multi_krum", 1), _ctx(5, round_=t)).metrics["noise_online"])
+    # round 1 resolves the clip (its noise is drawn online); the blocks drawn after it serve rounds 2 and 3
+    assert online == [1.0, 0.0, 0.0]
