@@ -186,3 +186,23 @@ def test_toy_run_adaptive_fltrust_hurts_where_sign_flip_does_not():
     adaptive = Experiment(RAW, attack={"name": "adaptive_fltrust", "f": 6}, robust={"rule": "fltrust"}).run()
     assert naive.summary["final_accuracy"] > clean.summary["final_accuracy"] - 0.03
     assert adaptive.summary["final_accuracy"] < naive.summary["final_accuracy"] - 0.08
+
+
+@pytest.mark.parametrize("name, params, message", [
+    ("dba", {"scale": 0}, r"'dba': scale must be a number in \(0.0, inf\), got 0"),
+    ("neurotoxin", {"ratio": 1.5}, r"'neurotoxin': ratio must be a number in \(0.0, 1.0\], got 1.5"),
+    ("neurotoxin", {"benign": "previous"}, r"benign 'previous' unknown; valid: honest_mean, previous_aggregate"),
+    ("edge_case_backdoor", {"eps": -2.0}, r"'edge_case_backdoor': eps must be a number in \(0.0, inf\), got -2.0"),
+    ("adaptive_fltrust", {"cos_min": 1.0}, r"'adaptive_fltrust': cos_min must be a number in \(0.0, 1.0\), got 1.0"),
+    ("adaptive_flame", {"steps": 0}, r"adaptive_flame: steps must be an integer >= 1, got 0"),
+])
+def test_set_up_refuses_bad_numbers_before_round_one(name, params, message):
+    """make_poison (run by the engine's set-up and by ``fedsafe check``) checks the new attacks'
+    numbers, so a bad value fails before round 1, naming the field and its valid range."""
+    from fedsafe.robust.backdoor import make_poison
+
+    x, y = torch.randn(30, 1, 8, 8), torch.arange(30) % 10
+    base = {"dba": {"size": 3, "gap": 1}}.get(name, {})
+    with pytest.raises(ValueError, match=message):
+        make_poison(name, {**base, **params}, x, 10, y_train=y)
+    make_poison(name, base, x, 10, y_train=y)  # the defaults pass

@@ -330,6 +330,23 @@ def _number(value: object, name: str, what: str, lo: float, hi: float, *, lo_ope
     return float(value)
 
 
+def check_attack_params(name: str, params: dict) -> None:
+    """Check at set-up, before round 1, the numeric parameters of the attacks below that the
+    poison does not use (make_poison checks target, size, fraction, parts, gap, source, angle):
+    ValueError naming the attack, the field and its valid range; defaults from the signature."""
+    spec = _SETUP_CHECKS.get(name)
+    if spec is None:
+        return
+    entry = ATTACKS.entry(name).params
+    for key, check in spec.items():
+        value = params.get(key, entry[key].default)
+        if value is not None:
+            check(value)
+
+
+_POSITIVE = dict(lo=0.0, hi=math.inf, lo_open=True, hi_open=True)
+
+
 @ATTACKS.register("dba")
 def dba(
     honest: Tensor, *, ctx: AttackContext, target: int = 2, parts: int = 4, size: int = 4, gap: int = 2,
@@ -397,8 +414,7 @@ def neurotoxin(
     otherwise. State (``"previous_aggregate"``): ``ctx.state["previous"]``, a float64 tensor."""
     ratio = _number(ratio, "neurotoxin", "ratio", 0.0, 1.0, lo_open=True)
     boost = _number(boost, "neurotoxin", "boost", 0.0, math.inf, lo_open=True, hi_open=True)
-    if benign not in _BENIGN:
-        raise ValueError(f"attack 'neurotoxin': benign {benign!r} unknown; valid: {', '.join(_BENIGN)}")
+    _check_benign(benign)
     own = _backdoor_updates(honest, ctx, "neurotoxin", fraction)
     if ctx.f == 0:
         return own
@@ -553,6 +569,31 @@ def adaptive_flame(
         else:
             hi = mid
     return _repeat(vector(lo), honest, f)
+
+
+def _check_benign(value: object) -> None:
+    if value not in _BENIGN:
+        raise ValueError(f"attack 'neurotoxin': benign {value!r} unknown; valid: {', '.join(_BENIGN)}")
+
+
+_SETUP_CHECKS: dict[str, dict[str, Callable[[object], object]]] = {
+    "dba": {"scale": lambda v: _number(v, "dba", "scale", **_POSITIVE)},
+    "neurotoxin": {
+        "ratio": lambda v: _number(v, "neurotoxin", "ratio", 0.0, 1.0, lo_open=True),
+        "boost": lambda v: _number(v, "neurotoxin", "boost", **_POSITIVE),
+        "benign": lambda v: _check_benign(v),
+    },
+    "edge_case_backdoor": {
+        "eps": lambda v: _number(v, "edge_case_backdoor", "eps", **_POSITIVE),
+        "boost": lambda v: _number(v, "edge_case_backdoor", "boost", **_POSITIVE),
+    },
+    "adaptive_fltrust": {
+        "cos_min": lambda v: _number(v, "adaptive_fltrust", "cos_min", 0.0, 1.0, lo_open=True, hi_open=True),
+        "grid": lambda v: _positive_int(v, "adaptive_fltrust: grid", 2),
+        "refine": lambda v: _positive_int(v, "adaptive_fltrust: refine", 0),
+    },
+    "adaptive_flame": {"steps": lambda v: _positive_int(v, "adaptive_flame: steps", 1)},
+}
 
 
 # --------------------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from fedsafe.robust.attacks import ATTACKS, BACKDOOR_ATTACKS, LABEL_TRANSFORMS
+from fedsafe.robust.attacks import ATTACKS, BACKDOOR_ATTACKS, LABEL_TRANSFORMS, check_attack_params
 
 #: Backdoor attacks whose poison is not the checkerboard of ``make_trigger``.
 _OWN_POISON = frozenset({"dba", "edge_case_backdoor"})
@@ -310,6 +310,7 @@ def make_poison(name: str, params: dict, x_train: Tensor, num_classes: int,
     classes, a trigger that does not fit or a fraction outside (0, 1]. ``y_train``: the training
     labels, from which ``edge_case_backdoor`` takes its pool of class-``source`` images (without
     them its parameters are checked and the poison refuses to poison)."""
+    check_attack_params(name, params)  # the new attacks' own numbers, before round 1
     if name == "none":
         return Poison()
     if name in LABEL_TRANSFORMS:
