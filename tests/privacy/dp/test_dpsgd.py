@@ -79,6 +79,7 @@ def test_config_refuses_what_makes_no_sense(over, match):
     "over, match",
     [
         ({"clients.batch_size": 500, "dp.example_sampling": "fixed"}, r"lower clients.batch_size"),
+        ({"clients.algorithm": "fedavg", "audit.canaries": 2}, r"audit.canaries with dp.unit = 'example'"),
     ],
 )
 def test_engine_refuses_clients_that_cannot_run_dpsgd(over, match):

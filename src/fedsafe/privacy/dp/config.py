@@ -466,6 +466,12 @@ def make_example_plugin(setup: Any) -> Any:
     cfg = setup.cfg
     c, dp = cfg.clients, cfg.dp
     problems = example_problems(c, cfg.execution)
+    audit = getattr(cfg, "audit", None)
+    if audit is not None and audit.enabled:
+        problems.append(
+            "audit.canaries with dp.unit = 'example': the canary audit measures client-level DP-FedAvg "
+            "(canary clients scaled to its clip norm); set dp.unit = 'client' or audit.canaries = 0"
+        )
     if problems:
         raise ConfigError(problems)
     from fedsafe.privacy.dp import dpsgd
