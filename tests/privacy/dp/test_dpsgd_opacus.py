@@ -25,7 +25,6 @@ from opacus.accountants import PRVAccountant, RDPAccountant  # noqa: E402
 from opacus.grad_sample import GradSampleModule  # noqa: E402
 from opacus.optimizers import DPOptimizer  # noqa: E402
 
-from fedsafe.data import FederatedDataset  # noqa: E402,F401 (the oracle reads x_train, y_train, client_indices)
 from fedsafe.models import ParamLayout, build_model, flatten_params  # noqa: E402
 from fedsafe.models.config import ModelConfig  # noqa: E402
 from fedsafe.privacy.dp import dpsgd  # noqa: E402
