@@ -35,6 +35,7 @@ import json  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
+import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -46,6 +47,9 @@ from fedsafe.engine.backends import VectorizedBackend  # noqa: E402
 from fedsafe.models import ParamLayout, build_model, flatten_params  # noqa: E402
 from fedsafe.models.config import ModelConfig  # noqa: E402
 from fedsafe.privacy.dp import dpsgd  # noqa: E402
+
+# Opacus's hooks warn that the inputs need no gradient (they do not): not this benchmark's concern
+warnings.filterwarnings("ignore", message="Full backward hook is firing")
 
 try:
     from opacus.grad_sample import GradSampleModule
