@@ -81,7 +81,11 @@ def foolsgold(
     Rows must be clients' own updates (``client_ids``; refused after pre-aggregators). Works for
     any n; f is not used: FoolsGold targets sybils, not a bounded number of attackers.
     Cost: the histories' Gram matrix (float64, the tiled kernel of ``robust.rowwise``; one
-    float64 copy of the updates once clients have histories) and one weighted sum."""
+    float64 copy of the updates once clients have histories) and one weighted sum. Memory: one
+    float64 history of d numbers per client seen so far (a dict keyed by client id, never an
+    array over the population); the engine refuses at set-up a run whose bound on it, the
+    clients it can see over its rounds times 8d bytes, exceeds
+    ``fedsafe.engine.federation.MAX_CLIENT_STATE_BYTES`` (8 GiB)."""
     n = check_matrix(updates, "foolsgold")
     require("foolsgold", n, f, True, "f >= 0")
     if not kappa > 0:
