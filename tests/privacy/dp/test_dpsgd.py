@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from fedsafe.config import ConfigError, apply_overrides, validate
+from fedsafe.core.randomness import RandomSource
 from fedsafe.engine.federation import Federation
 from fedsafe.engine.metrics import read_metrics
 from fedsafe.engine.run import run_experiment
@@ -325,3 +326,15 @@ def test_checkpoint_of_client_level_dp_is_refused():
     fed = Federation(cfg())
     with pytest.raises(ValueError, match="not example-level DP"):
         fed.plugins[0].load_state_dict({"clip": 1.0, "accountant": {}})
+
+
+def test_a_round_without_the_dpsgd_clients_is_refused():
+    # e.g. a Flower strategy, which builds the plugins but has no in-process client work
+    from fedsafe.core.plugins import make_plugins
+
+    c = cfg()
+    (plugin,) = make_plugins(c, RandomSource.seeded(0), torch.zeros(650), (50,) * 8)
+    with pytest.raises(ConfigError, match="Flower clients do not run it"):
+        plugin.observe_honest(None, np.arange(2), [])
+    with pytest.raises(ConfigError, match="Flower clients do not run it"):
+        plugin.transform_honest(torch.zeros(2, 650), None, np.arange(2))

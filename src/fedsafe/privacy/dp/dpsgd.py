@@ -386,6 +386,18 @@ class ExampleDPPlugin(ClientTransform, Observer):
         self.oracle = DPSGDClients(settings, source, client_sizes)
         self.accounting = ExampleAccounting(settings, client_sizes, delta=delta, accountant=accountant)
         self.accounting.check()
+        self._configured = False  # whether a client work took the oracle (configure_clients)
+
+    def _require_clients(self) -> None:
+        """A round whose clients never took the DP-SGD oracle would release non-private updates
+        (a Flower strategy, which has no in-process client work): refuse it."""
+        if not self._configured:
+            from fedsafe.core.errors import ConfigError
+
+            raise ConfigError([
+                "dp.unit = 'example' needs the in-process client work to run DP-SGD (the engine's "
+                "Federation); Flower clients do not run it: use dp.unit = 'client'"
+            ])
 
     # -- client side
     def message_dim(self, dim: int) -> int:
@@ -401,12 +413,18 @@ class ExampleDPPlugin(ClientTransform, Observer):
                 f"({type(work).__name__}) cannot run it: use execution = 'auto', 'serial' or 'vectorized'"
             ])
         use(self.oracle)
+        self._configured = True
 
     def transform_honest(self, updates: Tensor, ctx: Any, ids: np.ndarray) -> Tensor:
+        self._require_clients()
         return updates  # each step was already private: what the client sends is post-processing
+
+    def observe_honest(self, ctx: Any, ids: np.ndarray, reports: list[dict[str, float]]) -> None:
+        self._require_clients()
 
     # -- observer
     def on_round_end(self, fed: Any, row: dict[str, Any]) -> dict[str, Any]:
+        self._require_clients()
         s = self.settings
         out: dict[str, Any] = {"delta": self.accounting.delta, "clip": s.clip, "noise_multiplier": s.z}
         t, cfg = row["round"], fed.cfg
