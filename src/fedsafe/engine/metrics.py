@@ -156,7 +156,12 @@ def likely_culprits(cfg: Any, rows: list[dict[str, Any]], dim: int | None = None
         z = dp.noise_multiplier if dp.noise_multiplier is not None else 1.0
         cf = _mean(late, "clipped_fraction")
         zo = getattr(cfg.clients, "gradient", "backprop") == "zeroth_order"
-        if dp.placement == "local":
+        if getattr(dp, "unit", "client") == "example":
+            out.append(
+                f"dp.unit = 'example' (DP-SGD) adds noise of std z·C/B = {z:g} x {dp.clip:g} / {cfg.clients.batch_size} to "
+                "every coordinate of every client's step gradient: lower dp.noise_multiplier or raise clients.batch_size"
+            )
+        elif dp.placement == "local":
             out.append(
                 f"dp.placement = 'local' adds noise of std z·C = {z:g} x {dp.clip:g} to every coordinate of every "
                 "client's message: lower dp.noise_multiplier, or use dp.placement = 'central' or 'distributed' "
