@@ -338,3 +338,13 @@ def test_a_round_without_the_dpsgd_clients_is_refused():
         plugin.observe_honest(None, np.arange(2), [])
     with pytest.raises(ConfigError, match="Flower clients do not run it"):
         plugin.transform_honest(torch.zeros(2, 650), None, np.arange(2))
+
+
+def test_an_empty_poisson_batch_is_noise_only_and_counted():
+    fed, oracle = _oracle(2.0)
+    oracle.sample = lambda r, s, c: np.zeros(0, dtype=np.int64) if c == 1 else np.arange(5)  # client 1: no record
+    before = oracle.steps.copy()
+    g, losses = oracle(fed.work, 1, 0, fed.state.params, np.array([0, 1]))
+    assert g[1].std().item() == pytest.approx(2.0 * 1.0 / 10, rel=0.05)  # the noise alone, / B
+    assert torch.isfinite(losses).all() and losses[1] == pytest.approx(losses[0].item())
+    assert (oracle.steps - before).tolist()[:2] == [1, 1]  # an empty step is still a released step

@@ -191,8 +191,9 @@ class DPSGDSettings:
 class DPSGDClients:
     """The honest clients' private gradient oracle, which the DP plugin hands the client work
     (``ClientWork.use_private_gradients``): ``oracle(work, round, step, params, ids)`` returns
-    each client's DP-SGD gradient g̃ ``(n, d)`` and its mean loss over the sampled records
-    (NaN for an empty Poisson batch, which has none) — where a non-private client computes the
+    each client's DP-SGD gradient g̃ ``(n, d)`` and its mean loss over the sampled records (for
+    an empty Poisson batch, which has none, the mean over every client's sampled records of the
+    step, so the row's ``train_loss`` stays a mean of losses; NaN when no client sampled any) — where a non-private client computes the
     gradient of its seeded minibatch. It counts every step each client took (``steps``): what
     the accountant composes."""
 
@@ -201,7 +202,6 @@ class DPSGDClients:
         self.source = source
         self.sizes = np.asarray(client_sizes, dtype=np.int64)
         self.steps = np.zeros(len(self.sizes), dtype=np.int64)
-        self.last_clipped_fraction: float | None = None
         self._clipped = [0, 0]  # clipped examples, examples, since the plugin last read them
         if settings.sampling == "fixed":
             small = np.flatnonzero(self.sizes < settings.batch_size)
@@ -245,7 +245,10 @@ class DPSGDClients:
                 sums[i].add_(self.noise(round_, step, int(c), d, sums.dtype).to(sums.device))
         sums.div_(s.batch_size)
         loss_sum = params.new_zeros((n,)).index_add_(0, owner, losses.detach())
-        mean_loss = loss_sum / torch.from_numpy(counts).to(loss_sum.dtype)  # 0/0 = NaN: an empty batch
+        mean_loss = loss_sum / torch.from_numpy(counts).to(loss_sum.dtype)
+        empty = torch.from_numpy(counts == 0)
+        if bool(empty.any()) and losses.numel():  # no record, no loss: the step's mean over all sampled
+            mean_loss[empty] = losses.detach().mean()
         self.steps[ids] += 1
         return sums, mean_loss
 
