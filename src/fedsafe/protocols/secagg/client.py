@@ -179,6 +179,7 @@ class ClientParty:
     def _on_keys(self, h: Header, b: Keys | SignedKeys) -> None:
         t = self.params.threshold
         keys = {}
+        enc: dict[int, bytes] = {}  # the share-encryption key of each neighbour, agreed once
         seen_pks = {self._c_pk, self._s_pk}
         for i, (v, c_pk, s_pk, *sig) in enumerate(b.entries):
             if v not in self.neighbours:
@@ -188,7 +189,16 @@ class ClientParty:
             if c_pk in seen_pks or s_pk in seen_pks:
                 raise SecAggError("public key repeated across clients", sender="server", field=f"entries[{i}]")
             seen_pks.update((c_pk, s_pk))
-            bad = [f for f, pk in (("c_pk", c_pk), ("s_pk", s_pk)) if crypto.is_small_order(pk)]
+            # The agreement on c_pk fails exactly when c_pk has small order (the all-zero
+            # secret), so it is its own small-order check: one X25519 exchange, not two.
+            try:
+                enc[v] = crypto.agree(
+                    self._c_key, c_pk, session=self.session, purpose="enc", a=self.id, b=v,
+                    peer="server", field=f"KEYS[{v}].c_pk",
+                )
+                bad = ["s_pk"] if crypto.is_small_order(s_pk) else []
+            except SecAggError:
+                bad = ["c_pk"]
             if bad:
                 # Defence in depth (the server drops such clients at advertise time): leave the
                 # neighbour out of the share group and go on with the others.
@@ -210,13 +220,10 @@ class ClientParty:
             if v == self.id:
                 self._own_shares = (mk_share, sd_share)
                 continue
-            key = crypto.agree(
-                self._c_key, keys[v][0], session=self.session, purpose="enc", a=self.id, b=v,
-                peer="server", field=f"KEYS[{v}].c_pk",
-            )
             pt = encode_share_plaintext(SharePlaintext(self.id, v, mk_share, sd_share))
-            entries.append((v, crypto.seal(key, self.id, v, pt, aad)))
+            entries.append((v, crypto.seal(enc[v], self.id, v, pt, aad)))
         self._keys = keys
+        self._enc = {v: enc[v] for v in keys}
         self._send(MsgType.SHARES, Shares(tuple(entries)))
         self.stage = "forward"
 
@@ -240,10 +247,7 @@ class ClientParty:
             if v not in self._keys:
                 raise SecAggError(f"share from client {v}, which did not advertise keys to this client",
                                   sender="server", field=f"entries[{i}].id")
-            key = crypto.agree(
-                self._c_key, self._keys[v][0], session=self.session, purpose="enc", a=self.id, b=v,
-                peer="server", field=f"entries[{i}]",
-            )
+            key = self._enc[v]  # agreed with v's c_pk when the keys arrived (_on_keys)
             pt = crypto.open_sealed(key, v, self.id, sealed, aad, field=f"entries[{i}].sealed", via="server")
             sp = decode_share_plaintext(pt, sender=v, holder=self.id)
             held[v] = (sp.mask_key_share, sp.seed_share)
