@@ -247,20 +247,20 @@ def test_poisson_skips_only_rule_requirements_and_protocol_errors(monkeypatch):
     fed = Federation(small(rounds=3, **poisson))
     calls = []
 
-    def too_small(updates, round_, ids=None):
-        calls.append(round_)
+    def too_small(updates, **kw):  # the rule the pipeline calls, whoever aggregates
+        calls.append(len(updates))
         raise RequirementError("krum requires n >= 2f + 3, got n=2, f=0")
 
-    monkeypatch.setattr(fed.pipeline, "apply", too_small)
+    monkeypatch.setattr(fed.pipeline, "rule", too_small)
     fed.run()
     assert calls and all(r["skipped"] == "krum requires n >= 2f + 3, got n=2, f=0" for r in fed.rows if r["participants"])
 
     fed = Federation(small(rounds=3, **poisson))
 
-    def bug(updates, round_, ids=None):
+    def bug(updates, **kw):
         raise ValueError("operands could not be broadcast together")
 
-    monkeypatch.setattr(fed.pipeline, "apply", bug)
+    monkeypatch.setattr(fed.pipeline, "rule", bug)
     with pytest.raises(ValueError, match="broadcast"):
         fed.run()
 
