@@ -382,3 +382,21 @@ def test_distributed_empty_round_still_counts_for_the_outsider() -> None:
     assert after["epsilon_server"] == before["epsilon_server"]
     assert after["epsilon_released"] > before["epsilon_released"]
     assert torch.isfinite(torch.tensor(after["epsilon_released"]))
+
+
+def test_released_round_at_a_population_whose_empty_sample_underflows() -> None:
+    """(1 − q)^N underflows to 0 from N ≈ 8,000 at q = 0.09: δ(ε) at large ε was ∞·0 = NaN and
+    the released-model ε ∞ for every such population. δ(ε) stays a number in [0, 1] that does
+    not grow with ε, and ε moves smoothly with N across the underflow (the mechanism at fixed q
+    and n_s = qN changes little: 19.10 at N = 5,000, 19.09 at 10⁴)."""
+    deltas = accounting.distributed._distributed_round_deltas
+    eps = np.array([0.0, 0.5, 1.0, 5.0, 50.0, 1e4])
+    for n in (10_000, 100_000):
+        for direction in ("remove", "add"):
+            d = deltas(n, 0.09, 1.0, int(0.09 * n), direction, eps)
+            assert np.all(np.isfinite(d)) and np.all((0 <= d) & (d <= 1)) and np.all(np.diff(d) <= 1e-15)
+    values = {}
+    for n in (5_000, 10_000):
+        rec = accounting.make_round_record(1.0, 0.09, "poisson", n, noise_shares=int(0.09 * n))
+        values[n] = accounting.distributed_interval(rec, 40, DELTA).epsilon
+    assert math.isfinite(values[10_000]) and values[10_000] == pytest.approx(values[5_000], rel=5e-3)

@@ -103,10 +103,23 @@ def distributed_round_pld(rec: RoundRecord, interval: float) -> Any:
     return PLD(remove, add)
 
 
+@functools.lru_cache(maxsize=16)
 def _distributed_weights(n: int, q: float) -> tuple[np.ndarray, np.ndarray]:
-    """P(c) without the target (Bin(N − 1, q)) and with it (Bin(N, q)), c = 0..N."""
+    """P(c) without the target (Bin(N − 1, q)) and with it (Bin(N, q)), c = 0..N (cached: the
+    PLD's grid search evaluates δ at many ε for the same round)."""
     counts = np.arange(n + 1)
-    return stats.binom.pmf(counts, n - 1, q), stats.binom.pmf(counts, n, q)
+    w_p, w_q = stats.binom.pmf(counts, n - 1, q), stats.binom.pmf(counts, n, q)
+    w_p.flags.writeable = w_q.flags.writeable = False
+    return w_p, w_q
+
+
+def _heavy_counts(weights: np.ndarray) -> tuple[np.ndarray, float]:
+    """The counts 1..N−1 whose weight exceeds :data:`_MIXTURE_TAIL`, and the total weight of the
+    others (added whole: pessimistic). Around qN ± a few hundred of a population of 10⁵: the
+    loops run over these only."""
+    inner = weights[1:-1]
+    heavy = inner > _MIXTURE_TAIL
+    return np.flatnonzero(heavy) + 1, float(inner[~heavy].sum())
 
 
 def _distributed_round_deltas(n: int, q: float, z: float, n_s: int, direction: str, eps: np.ndarray) -> np.ndarray:
@@ -120,14 +133,13 @@ def _distributed_round_deltas(n: int, q: float, z: float, n_s: int, direction: s
     eps = np.asarray(eps, dtype=float)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         if direction == "remove":  # c = N (infinite loss), c = 0 (loss log(1 − q))
-            out = w_q[n] + np.maximum(0.0, w_q[0] - np.exp(eps) * w_p[0])
+            out = w_q[n] + _excess(w_q[0], w_p[0], eps)
         else:  # c = 0 (loss −log(1 − q))
-            out = np.maximum(0.0, w_p[0] - np.exp(eps) * w_q[0])
-        for c in range(1, n):
+            out = _excess(w_p[0], w_q[0], eps)
+        heavy, light = _heavy_counts(w_q if direction == "remove" else w_p)
+        out = out + light  # the light counts: at most their whole mass (pessimistic)
+        for c in map(int, heavy):
             upper, lower = (w_q[c], w_p[c]) if direction == "remove" else (w_p[c], w_q[c])
-            if upper <= _MIXTURE_TAIL:
-                out = out + upper  # at most its whole mass: pessimistic
-                continue
             sigma, pi = z * math.sqrt(c / n_s), c / n
             log_r = math.log(c) + lq - math.log(n - c)
             # the y where the loss is ±ε (the loss exceeds log(1 − q) everywhere)
@@ -151,6 +163,15 @@ def _distributed_round_deltas(n: int, q: float, z: float, n_s: int, direction: s
     return out
 
 
+def _excess(upper: float, lower: float, eps: np.ndarray) -> np.ndarray:
+    """(upper − e^ε·lower)₊ for a count of weights ``upper`` and ``lower``; a weight that
+    underflowed to 0 (the empty sample, (1 − q)^N, at N of 10⁴ and more) contributes 0, never
+    ∞·0 (NaN) at large ε."""
+    if lower == 0:
+        return np.full_like(eps, upper, dtype=float)
+    return np.maximum(0.0, upper - np.exp(eps) * lower)
+
+
 def _distributed_round_min_add_loss(n: int, q: float, z: float, n_s: int) -> float:
     """A loss below which the ``add`` direction (without the target above) has negligible mass:
     the smallest, over counts heavier than :data:`_MIXTURE_TAIL`, of the loss at y = tσ_c with
@@ -158,9 +179,7 @@ def _distributed_round_min_add_loss(n: int, q: float, z: float, n_s: int) -> flo
     mu, lq = _MIXTURE_SHIFT, math.log1p(-q)
     w_p, _ = _distributed_weights(n, q)
     lowest = -lq
-    for c in range(1, n):
-        if w_p[c] <= _MIXTURE_TAIL:
-            continue
+    for c in map(int, _heavy_counts(w_p)[0]):
         sigma = z * math.sqrt(c / n_s)
         t = max(0.0, -float(special.ndtri(_MIXTURE_TAIL / w_p[c])))
         log_r = math.log(c) + lq - math.log(n - c)
