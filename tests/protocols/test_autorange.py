@@ -282,3 +282,25 @@ def test_tee_precomputes_noise_once_the_auto_clip_is_resolved():
             online.append(proto.aggregate(_msgs(x), _pipe("multi_krum", 1), _ctx(5, round_=t)).metrics["noise_online"])
     # round 1 resolves the clip (its noise is drawn online); the blocks drawn after it serve rounds 2 and 3
     assert online == [1.0, 0.0, 0.0]
+
+
+def test_number_or_auto_is_the_one_validator_of_the_three_ranges():
+    import math
+
+    import pytest
+
+    from fedsafe.protocols.he.config import HEConfig
+    from fedsafe.protocols.secagg.config import SecAggConfig
+    from fedsafe.protocols.settings import number_or_auto
+    from fedsafe.protocols.tee.config import TEEConfig
+
+    assert number_or_auto("k", "auto") == "auto" and number_or_auto("k", 2) == 2.0
+    for bad in ("Auto", True, None, [1.0], 0, -1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match=r"^k must be a"):
+            number_or_auto("k", bad)
+    with pytest.raises(ValueError, match=r"k must be a finite number in \(0, 10\] \(or 'auto'\), got 11"):
+        number_or_auto("k", 11, upper=10)
+    assert HEConfig(range=0.5).range == 0.5 and SecAggConfig(range="auto").range == "auto"
+    for section, key in ((HEConfig, "range"), (SecAggConfig, "range"), (TEEConfig, "clip")):
+        with pytest.raises(ValueError, match=f"{key} must be a number > 0 or 'auto'"):
+            section(**{key: "big"})

@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from fedsafe.core.renames import Rename, RenamingSection, deprecated_alias
+from fedsafe.protocols.settings import number_or_auto
 from fedsafe.protocols.secagg.errors import SecAggError
 
 if TYPE_CHECKING:
@@ -152,16 +153,7 @@ class SecAggConfig(RenamingSection):
     @field_validator("range", mode="before")
     @classmethod
     def _range(cls, v: object) -> object:
-        key = cls._key_being_validated("range")
-        if isinstance(v, str):
-            if v != "auto":
-                raise ValueError(f"{key} must be a number > 0 or 'auto', got {v!r}")
-            return v
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ValueError(f"{key} must be a number > 0 or 'auto', got {v!r}")
-        if not math.isfinite(v) or v <= 0:
-            raise ValueError(f"{key} must be a finite number greater than 0 (or 'auto'), got {v}")
-        return float(v)
+        return number_or_auto(cls._key_being_validated("range"), v)
 
     @field_validator("dropout_stages")
     @classmethod

@@ -3,12 +3,12 @@ it without loading the enclave, its processes or its crypto)."""
 
 from __future__ import annotations
 
-import math
 from typing import Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from fedsafe.core.renames import Rename, RenamingSection, deprecated_alias
+from fedsafe.protocols.settings import number_or_auto
 from fedsafe.protocols.tee.leakage import DEFAULT_NOISE_RATIO, noise_ratio_for_bits
 
 
@@ -71,15 +71,7 @@ class TEEConfig(RenamingSection):
     @field_validator("clip", mode="before")
     @classmethod
     def _clip(cls, v: object) -> object:
-        if isinstance(v, str):
-            if v != "auto":
-                raise ValueError(f"tee.clip must be a number > 0 or 'auto', got {v!r}")
-            return v
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ValueError(f"tee.clip must be a number > 0 or 'auto', got {v!r}")
-        if not math.isfinite(v) or not 0 < v <= 1e15:
-            raise ValueError(f"tee.clip must be a finite number in (0, 1e15] (or 'auto'), got {v}")
-        return float(v)
+        return number_or_auto("tee.clip", v, upper=1e15)
 
     @model_validator(mode="after")
     def _one_noise_setting(self) -> TEEConfig:
