@@ -350,7 +350,7 @@ _POSITIVE = dict(lo=0.0, hi=math.inf, lo_open=True, hi_open=True)
 @ATTACKS.register("dba")
 def dba(
     honest: Tensor, *, ctx: AttackContext, target: int = 2, parts: int = 4, size: int = 4, gap: int = 2,
-    fraction: float = 20 / 64, scale: float = 1.0,
+    fraction: float = 0.3125, scale: float = 1.0,  # 20 of 64: the reference's poisoning_per_batch
 ) -> Tensor:
     """Distributed backdoor attack (Xie, Huang, Chen, Li, "DBA: Distributed backdoor attacks
     against federated learning", ICLR 2020): the global trigger is split into ``parts`` local

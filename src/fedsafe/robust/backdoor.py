@@ -187,7 +187,7 @@ class DistributedPoison:
     trigger: Trigger
     parts: tuple[Trigger, ...]
     target: int = 2
-    fraction: float = 20 / 64
+    fraction: float = 0.3125  # 20 of 64, the reference's poisoning_per_batch
     clients: tuple[int, ...] = ()
     labels: None = None
     per_client = True  # ClientWork.batch passes the batch's client ids
