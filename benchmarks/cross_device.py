@@ -127,34 +127,11 @@ def _config(workload: str, n_clients: int, sampled: int, rounds: int, hidden: in
 
 def _state_bytes(fed) -> int:
     """The engine's state across rounds, counted structurally (what grows round after round)."""
-    import numpy as np
-    import torch
-
-    from fedsafe.engine.state import ClientRows
-
-    total = 0
-
-    def add(v) -> None:
-        nonlocal total
-        if isinstance(v, torch.Tensor):
-            total += v.element_size() * v.numel()
-        elif isinstance(v, np.ndarray):
-            total += v.nbytes
-        elif isinstance(v, ClientRows):
-            total += v.nbytes
-        elif isinstance(v, dict):
-            for x in v.values():
-                add(x)
-        elif isinstance(v, (list, tuple)):
-            for x in v:
-                add(x)
+    from fedsafe.engine.state import state_nbytes
 
     st = fed.state
-    for v in (st.params, st.server_buf, st.momentum, st.previous, st.attack_state, fed.pipeline.history):
-        add(v)
-    for p in fed.plugins:
-        add(p.state_dict())
-    return total
+    roots = (st.params, st.server_buf, st.momentum, st.previous, st.attack_state, fed.pipeline.history)
+    return state_nbytes(roots) + sum(state_nbytes(p.state_dict()) for p in fed.plugins)
 
 
 def child(args: argparse.Namespace) -> None:

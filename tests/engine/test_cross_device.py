@@ -24,7 +24,7 @@ from fedsafe.data.partition import dirichlet, iid, shards
 from fedsafe.engine import federation as federation_module
 from fedsafe.engine.federation import Federation, clients_seen_bound
 from fedsafe.engine.sampling import sample_clients
-from fedsafe.engine.state import ClientRows, load_checkpoint, save_checkpoint, FederationState, run_identity
+from fedsafe.engine.state import ClientRows, FederationState, load_checkpoint, run_identity, save_checkpoint, state_nbytes
 
 FEATURES, CLASSES = 6, 3
 
@@ -62,30 +62,10 @@ def engine_state_bytes(fed: Federation) -> int:
     """Bytes of the state the engine keeps across rounds, besides the dataset: the federation
     state (model, server buffer, client momentum, plugin and attack state), the rule's client
     histories, and every array attribute of the federation itself."""
-    total = 0
-
-    def add(v):
-        nonlocal total
-        if isinstance(v, torch.Tensor):
-            total += v.element_size() * v.numel()
-        elif isinstance(v, np.ndarray):
-            total += v.nbytes
-        elif isinstance(v, ClientRows):
-            total += v.nbytes
-        elif isinstance(v, dict):
-            for x in v.values():
-                add(x)
-        elif isinstance(v, (list, tuple)):
-            for x in v:
-                add(x)
-
     st = fed.state
-    for v in (st.params, st.server_buf, st.momentum, st.previous, st.attack_state, st.extra, fed.pipeline.history):
-        add(v)
-    for name, v in vars(fed).items():
-        if isinstance(v, (np.ndarray, torch.Tensor)):
-            add(v)
-    return total
+    roots = (st.params, st.server_buf, st.momentum, st.previous, st.attack_state, st.extra, fed.pipeline.history)
+    arrays = [v for v in vars(fed).values() if isinstance(v, (np.ndarray, torch.Tensor))]
+    return state_nbytes(roots) + state_nbytes(arrays)
 
 
 def test_client_rows_match_a_dense_matrix():

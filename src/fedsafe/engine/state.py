@@ -48,6 +48,21 @@ _KEYS = ("format", "round", "run", *_STATE, "integrity")
 RESUMABLE_KEYS = ("rounds", "execution", "ray", "variants")
 
 
+def state_nbytes(value: Any) -> int:
+    """Bytes of the arrays in ``value``: tensors, numpy arrays and :class:`ClientRows`, inside
+    dicts, lists and tuples at any depth (other values count 0). What the engine's state across
+    rounds weighs, counted structurally (the cross-device benchmark and tests)."""
+    if isinstance(value, torch.Tensor):
+        return value.element_size() * value.numel()
+    if isinstance(value, (np.ndarray, ClientRows)):
+        return int(value.nbytes)
+    if isinstance(value, dict):
+        return sum(state_nbytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(state_nbytes(v) for v in value)
+    return 0
+
+
 class ClientRows:
     """One row of ``dim`` numbers per client (dsgd's client momentum), kept only for the clients
     that have taken part: its memory grows with the clients seen, never with the population
