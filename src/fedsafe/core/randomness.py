@@ -14,10 +14,12 @@ and a remote client computes its own row alone. Two kinds:
   operating system (:func:`secrets.token_bytes`) when the run starts, never written anywhere.
   Stream ``(name, *keys)`` is the ChaCha20 keystream under the key
   ``BLAKE2b-256(key = secret, message = name ‖ keys)``: a cryptographically secure generator,
-  as Opacus's ``secure_mode``. Gaussians are Box–Muller on 53-bit uniforms in (0, 1), and each
-  returned normal is the sum of four such draws divided by 2 (Opacus's mitigation of the
-  floating-point attacks on Gaussian samplers, Holohan and Braghin 2021: the low-order bits of
-  a single Box–Muller output are not uniformly distributed). A resumed run draws a fresh
+  as Opacus's ``secure_mode``. Gaussians are Box–Muller on 53-bit uniforms in (0, 1), in
+  float64, and each returned normal is the sum of four such draws, from four distinct
+  Box–Muller pairs, divided by 2 (Opacus's mitigation of the floating-point attacks on Gaussian
+  samplers, Holohan and Braghin 2021: the low-order bits of a single Box–Muller output are not
+  uniformly distributed); :meth:`SecretStream.normal` says which keystream words feed which
+  output. A resumed run draws a fresh
   secret: its state (model, accountant, clip norm) continues exactly from the checkpoint, and
   the rounds after the checkpoint are redrawn with new noise.
 * **seeded** (``secure_randomness = false``): the named stream ``(seed, name, *keys)`` of
@@ -44,7 +46,10 @@ from fedsafe.core.streams import numpy_stream, torch_stream
 
 SEEDED_WARNING = "not private: noise derived from the seed"
 SECRET_BYTES = 32
-_CHUNK_WORDS = 1 << 16  # 512 KiB of keystream per call: the chunk's arithmetic stays in cache
+#: Normals per pass of :meth:`SecretStream.normal`: its 4 x 16,384 keystream words (512 KiB)
+#: and float64 intermediates stay in cache (measured fastest of 2**11 .. 2**16).
+_NORMAL_CHUNK = 1 << 14
+_ZEROS = bytes(32 * _NORMAL_CHUNK)  # the plaintext: the keystream is ChaCha20 of zeros
 
 
 class SecretStream:
@@ -58,28 +63,48 @@ class SecretStream:
         """The next ``count`` keystream words, little-endian uint64."""
         return np.frombuffer(self._enc.update(bytes(8 * count)), dtype="<u8")
 
+    @staticmethod
+    def _to_uniform(words: np.ndarray) -> np.ndarray:
+        """float64 uniforms in (0, 1) of keystream words: the top 53 bits, plus half a step."""
+        u = (words >> np.uint64(11)).astype(np.float64)
+        u += 0.5
+        u *= 2.0**-53
+        return u
+
     def uniform(self, count: int) -> np.ndarray:
         """``count`` float64 uniforms in (0, 1): the top 53 bits of a word, plus half a step."""
-        return ((self.words(count) >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
-
-    def _box_muller(self, count: int) -> Tensor:
-        """``count`` (even) standard normals, float64: Box–Muller on pairs of uniforms, in
-        chunks that stay in cache, with torch's vectorised transcendental functions."""
-        out = torch.empty(count, dtype=torch.float64)
-        for s in range(0, count, _CHUNK_WORDS):
-            u = torch.from_numpy(self.uniform(min(_CHUNK_WORDS, count - s)))
-            r = u[0::2].log().mul_(-2.0).sqrt_()
-            theta = u[1::2].mul_(2.0 * math.pi)
-            out[s : s + u.numel() : 2] = theta.cos() * r
-            out[s + 1 : s + u.numel() : 2] = theta.sin_().mul_(r)
-        return out
+        return self._to_uniform(self.words(count))
 
     def normal(self, shape: tuple[int, ...] | int, dtype: torch.dtype = torch.float32) -> Tensor:
-        """Standard normals of ``shape``: each the sum of four Box–Muller draws over 2."""
+        """Standard normals of ``shape``: each the sum of four float64 Box–Muller draws, from
+        four distinct pairs of uniforms, over 2; rounded to ``dtype`` at the end.
+
+        Layout (what makes the whole noise of a step one pass per operation, in cache-sized
+        chunks): the outputs are made in chunks of m ≤ ``_NORMAL_CHUNK``; with h = ⌈m/2⌉, a
+        chunk takes the next 8h keystream words as uniforms ``u[2, 4, h]``: ``u[0, j, k]`` is
+        the radius uniform and ``u[1, j, k]`` the angle uniform of pair (j, k), whose draws are
+        ``r cos θ`` and ``r sin θ`` with ``r = sqrt(-2 ln u[0, j, k])``, ``θ = 2π u[1, j, k]``.
+        Output k of the chunk is ``½ Σ_j r_jk cos θ_jk`` and output h + k is ``½ Σ_j r_jk sin
+        θ_jk``; an odd m drops the last sine sum (its words are used up). The two draws of a
+        pair are independent N(0, 1), so each output is exactly ½ (sum of four independent
+        N(0, 1) Box–Muller draws) = N(0, 1), the construction and distribution of Opacus's
+        ``secure_mode`` (and of this method before the chunked layout, which summed the same
+        kind of draws, paired from adjacent words)."""
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         count = math.prod(shape)
-        z = self._box_muller(4 * count).view(4, count).sum(dim=0).mul_(0.5)
-        return z.view(shape).to(dtype)
+        out = torch.empty(count, dtype=dtype)
+        buf = bytearray(32 * min(_NORMAL_CHUNK + 1, count + 1))
+        for s in range(0, count, _NORMAL_CHUNK):
+            m = min(_NORMAL_CHUNK, count - s)
+            h = (m + 1) // 2
+            n = 64 * h  # bytes: 8h words
+            self._enc.update_into(memoryview(_ZEROS)[:n], buf)
+            u = torch.from_numpy(self._to_uniform(np.frombuffer(buf, dtype="<u8", count=8 * h))).view(2, 4, h)
+            r = u[0].log_().mul_(-2.0).sqrt_()
+            theta = u[1].mul_(2.0 * math.pi)
+            out[s : s + h] = torch.cos(theta).mul_(r).sum(dim=0).mul_(0.5)
+            out[s + h : s + m] = theta.sin_().mul_(r).sum(dim=0)[: m - h].mul_(0.5)
+        return out.view(shape)
 
 
 class SeededStream:
