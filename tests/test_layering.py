@@ -71,6 +71,7 @@ ALLOWED_LAZY_REGISTRATIONS: dict[tuple[str, str], str] = {
     ("fedsafe.core.plugins", "fedsafe.privacy.dp.config"): "ROUND_PLUGINS' dp",
     ("fedsafe.core.plugins", "fedsafe.privacy.inherent.config"): "ROUND_PLUGINS' inherent",
     ("fedsafe.core.plugins", "fedsafe.audit.config"): "ROUND_PLUGINS' audit",
+    ("fedsafe.core.plugins", "fedsafe.robust.crfl_config"): "ROUND_PLUGINS' crfl",
     ("fedsafe.core.clients", "fedsafe.engine.algorithms"): "CLIENT_ALGORITHMS' dsgd and fedavg",
     ("fedsafe.core.clients", "fedsafe.privacy.inherent.clients"): "CLIENT_ALGORITHMS' inherent",
     ("fedsafe.core.clients", "fedsafe.zo.algorithms"): "CLIENT_ALGORITHMS' zeroth-order dsgd and fedavg",

@@ -52,6 +52,7 @@ from fedsafe.privacy.inherent.config import InherentConfig
 from fedsafe.protocols.he.config import HEConfig
 from fedsafe.protocols.secagg.config import SecAggConfig
 from fedsafe.protocols.tee.config import TEEConfig
+from fedsafe.robust.crfl_config import CRFLConfig
 from fedsafe.zo.config import ZOConfig
 
 
@@ -296,6 +297,7 @@ class ExperimentConfig(Strict):
     inherent: InherentConfig | None = None
     secagg: SecAggConfig = Field(default_factory=SecAggConfig)
     audit: AuditConfig = Field(default_factory=AuditConfig)
+    crfl: CRFLConfig = Field(default_factory=CRFLConfig)
     he: HEConfig = Field(default_factory=HEConfig)
     tee: TEEConfig = Field(default_factory=TEEConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
@@ -408,6 +410,7 @@ class ExperimentConfig(Strict):
                 ))
             if self.dp.unit == "example":  # DP-SGD at the clients: what they must be (privacy/dp/config.py)
                 out.extend((m, ("dp.unit", "clients", "execution")) for m in example_problems(self.clients, self.execution))
+        out.extend(self.crfl.problems(self))  # robust/crfl_config.py
         return out
 
     @property

@@ -136,7 +136,7 @@ def test_lazy_registrations_are_listed_without_importing_their_modules():
         "'fedsafe.zo.algorithms', 'fedsafe.engine') if m in sys.modules])"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert res.stdout.strip() == "['he', 'plain', 'secagg', 'tee'] ['dp', 'inherent', 'audit'] 5 []"
+    assert res.stdout.strip() == "['he', 'plain', 'secagg', 'tee'] ['dp', 'inherent', 'audit', 'crfl'] 5 []"
 
 
 def test_registry_tags_lazy_entries_and_unregister():

@@ -194,6 +194,9 @@ ROUND_PLUGINS.register_lazy(
     "inherent", "fedsafe.privacy.inherent.config:make_plugin", "ε of Zhang et al.'s Table 1 rows ([inherent])"
 )
 ROUND_PLUGINS.register_lazy("audit", "fedsafe.audit.config:make_plugin", "canary clients, one-shot ε estimate ([audit])")
+ROUND_PLUGINS.register_lazy(
+    "crfl", "fedsafe.robust.crfl_config:make_plugin", "CRFL: clip and perturb the global model, certify it ([crfl])"
+)
 
 
 def section_enabled(cfg: Any, name: str) -> bool | None:

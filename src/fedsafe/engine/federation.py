@@ -35,7 +35,14 @@ from fedsafe.data import FederatedDataset, load_federated
 from fedsafe.engine.backends import LossFn, describe, make_backend
 from fedsafe.engine.clients import ClientWork
 from fedsafe.engine.metrics import MetricsWriter, summarize, warn_at_chance
-from fedsafe.engine.round import aggregate_and_step, end_round, plugin_summary, release_empty, resolve_plan
+from fedsafe.engine.round import (
+    aggregate_and_step,
+    end_round,
+    finish_step,
+    plugin_summary,
+    release_empty,
+    resolve_plan,
+)
 from fedsafe.engine.sampling import byzantine_ids, sample_clients
 from fedsafe.engine.server_optimizer import ServerAdam, ServerSGD
 from fedsafe.engine.state import (
@@ -499,7 +506,8 @@ class Federation:
                 f"step on a finite direction (server.lr = {c.server.lr:g}, clients.lr = {c.clients.lr:g}); "
                 "lower server.lr, or clients.lr with clients.algorithm = 'fedavg'"
             )
-        st.params, st.server_buf = params, buf
+        # the model stage (fedsafe.engine.round.finish_step): CRFL's clip and noise
+        st.params, st.server_buf = finish_step(self.plan, params, st.round + 1), buf
         if self.ema is not None:
             self.ema.update(st.params)
 
@@ -556,7 +564,9 @@ class Federation:
             n=n,
             round=t,
             generator=torch_stream(self.cfg.seed, "attack", t),
-            aggregate=lambda u: self.pipeline.apply(u, t, ctx_ids),
+            # rows are honest first, so a subset the attack aggregates (adaptive_fltrust: the honest
+            # rows alone) is given the ids of its own rows, which rules that follow clients need
+            aggregate=lambda u: self.pipeline.apply(u, t, ctx_ids[: len(u)]),
             state=self.state.attack_state,
             own_updates=own,
             honest_ids=tuple(map(int, honest_ids)),

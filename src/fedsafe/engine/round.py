@@ -17,11 +17,15 @@ the protocol skip a round. A round then runs, in this order (docs/architecture.m
     ─► protocol.aggregate     an Aggregate; its cost and metrics go into the row
     ─► transform_aggregate    ServerTransform (central DP noise, canary cosines)
     ─► decode ─► finite? ─► server step
+    ─► transform_model        on the new global model, inside the caller's step
+                              (finish_step; CRFL: clip to ρ_t, add N(0, σ² I))
     ... the caller evaluates ...
     ─► on_round_end           Observer: keys merged into the row (the accountant's ε)
 
-:func:`aggregate_and_step` runs the stages up to the server step; :func:`end_round` the
-observers; :func:`release_empty` what the server releases when nobody was sampled;
+:func:`aggregate_and_step` runs the stages up to the server step; :func:`finish_step` the
+model stage, which each caller's step calls on the parameters its optimizer returned (the
+round module does not hold the model; ``release_empty``'s step passes through it too);
+:func:`end_round` the observers; :func:`release_empty` what the server releases when nobody was sampled;
 :func:`plugin_summary` the observers' summary keys. A stage runs over the plugins that implement
 its hook (:func:`fedsafe.core.plugins.implementing`), in the order the plugins were made.
 """
@@ -71,6 +75,7 @@ class RoundPlan:
     transform_messages: tuple[Any, ...] = field(default=(), repr=False)
     transform_aggregate: tuple[Any, ...] = field(default=(), repr=False)
     empty_aggregate: tuple[Any, ...] = field(default=(), repr=False)
+    transform_model: tuple[Any, ...] = field(default=(), repr=False)
     on_round_end: tuple[Any, ...] = field(default=(), repr=False)
     summary: tuple[Any, ...] = field(default=(), repr=False)
 
@@ -89,6 +94,7 @@ class RoundPlan:
                "aggregate",
                "transform_aggregate" if self.transform_aggregate else None,
                "decode", "step",
+               "transform_model" if self.transform_model else None,
                "on_round_end" if self.on_round_end else None]
         return tuple(s for s in out if s is not None)
 
@@ -106,7 +112,7 @@ def resolve_plan(
     """The :class:`RoundPlan` of a set-up: each stage's plugins are those that implement its hook."""
     plugins = tuple(plugins)
     hooks = ("transform_honest", "observe_honest", "extra_messages", "transform_messages", "transform_aggregate",
-             "empty_aggregate", "on_round_end", "summary")
+             "empty_aggregate", "transform_model", "on_round_end", "summary")
     return RoundPlan(
         protocol=protocol, pipeline=pipeline, plugins=plugins, decode=decode, clients_remote=clients_remote,
         reveals_messages=bool(protocol.reveals_messages), record_cost=record_cost, skip_on=skip_on,
@@ -180,6 +186,16 @@ def release_empty(plan: RoundPlan, ctx: RoundContext, dim: int, step: Step) -> b
         return False
     step(plan.decode(released[0], ctx.round))
     return True
+
+
+def finish_step(plan: RoundPlan, params: Tensor, t: int) -> Tensor:
+    """The model stage, after round ``t``'s server step: each plugin's
+    ``transform_model(params, t)`` on the new global model, in order (CRFL clips it to ρ_t and
+    adds N(0, σ_train² I)). Each caller's step calls it on the parameters its optimizer returned,
+    before it stores them (and before the engine's moving average sees them)."""
+    for p in plan.transform_model:
+        params = p.transform_model(params, t)
+    return params
 
 
 def end_round(plan: RoundPlan, host: RoundHost, row: dict[str, Any]) -> None:
