@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -138,13 +139,52 @@ def clipped_sums(grads: Tensor, owner: Tensor, n: int, clip: float) -> tuple[Ten
 
 def per_example_clipped_sums(
     model: nn.Module, layout: ParamLayout, params: Tensor, x: Tensor, y: Tensor, owner: Tensor, n: int, clip: float,
-    *, criterion: Criterion = None, chunk_bytes: int = CHUNK_BYTES,
+    *, criterion: Criterion = None, chunk_bytes: int = CHUNK_BYTES, method: str = "auto",
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``(sums[n, d], norms[E], losses[E])``: :func:`clipped_sums` of
-    :func:`per_example_gradients`, computed per parameter tensor as Opacus does (the norm of the
-    per-tensor norms; each tensor's clipped sum one matrix product), so the flat (E, d) matrix is
-    never assembled. ``params``: ``(d,)`` shared, or ``(n, d)`` rows indexed by ``owner``."""
+    :func:`per_example_gradients` — each client's sum of its examples' clipped gradients, the
+    norms before clipping and the per-example losses — without assembling the flat (E, d)
+    matrix. ``params``: ``(d,)`` shared, or ``(n, d)`` rows indexed by ``owner``.
+
+    ``method``:
+
+    - ``"hooks"`` (:func:`hook_clipped_sums`): from each layer's inputs and output gradients,
+      one forward and one backward of the batch (ghost norms for linear layers; Li et al. 2022,
+      Bu et al. 2023) — about the cost of the non-private step. Only for models whose
+      parameters all belong to ``nn.Linear`` / ``nn.Conv2d`` modules (:func:`hook_layers`).
+    - ``"vmap"``: per-example gradients in ``vmap(grad_and_value)`` calls of at most
+      ``chunk_bytes``, clipped and summed per parameter tensor as Opacus does (the norm of the
+      per-tensor norms; each tensor's clipped sum one matrix product). Any model.
+    - ``"auto"`` (the default): ``"hooks"`` where :func:`hook_layers` covers the model and a
+      once-per-model check agrees with ``"vmap"`` (:func:`_hooks_agree`: no layer called twice,
+      no parameter used outside its module, no example mixing with another in the forward),
+      else ``"vmap"``."""
+    if method not in ("auto", "hooks", "vmap"):
+        raise ValueError(f"method must be auto, hooks or vmap, got {method!r}")
     _check(params, x, y, owner)
+    if method != "vmap":
+        layers = hook_layers(model, layout)
+        if layers is None and method == "hooks":
+            raise ValueError(f"the hook path covers only nn.Linear / nn.Conv2d parameters; {type(model).__name__} "
+                             "has others: use method 'vmap'")
+        if layers is not None and (method == "hooks" or _hooks_agree(model, layout, layers, params, x, y, owner, n,
+                                                                      clip, criterion)):
+            try:
+                return hook_clipped_sums(model, layout, layers, params, x, y, owner, n, clip, criterion=criterion,
+                                         chunk_bytes=chunk_bytes)
+            except _NotCovered:
+                if method == "hooks":
+                    raise
+                _HOOK_CHECKED[model] = False  # e.g. a layer skipped on some inputs: vmap from now on
+    return _vmap_clipped_sums(model, layout, params, x, y, owner, n, clip, criterion=criterion,
+                              chunk_bytes=chunk_bytes)
+
+
+def _vmap_clipped_sums(
+    model: nn.Module, layout: ParamLayout, params: Tensor, x: Tensor, y: Tensor, owner: Tensor, n: int, clip: float,
+    *, criterion: Criterion, chunk_bytes: int,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`per_example_clipped_sums`'s ``"vmap"`` method."""
     e, d = x.shape[0], layout.dim
     sums = params.new_zeros((n, d))
     norms, losses = params.new_empty((e,)), params.new_empty((e,))
@@ -159,6 +199,228 @@ def per_example_clipped_sums(
         for name, v in flat.items():
             pieces[name].addmm_(w, v)
     return sums, norms, losses
+
+
+# --------------------------------------------------------------------------- the hook path
+
+
+class _NotCovered(Exception):
+    """The forward did something the hook path cannot account for (a layer called twice or
+    not at all)."""
+
+
+@dataclass(frozen=True)
+class HookLayer:
+    """One module of the hook path and the layout names of its weight and bias (None: none)."""
+
+    module: nn.Module
+    weight: str
+    bias: str | None
+
+
+def hook_layers(model: nn.Module, layout: ParamLayout) -> tuple[HookLayer, ...] | None:
+    """The modules the hook path computes per-example gradients of, or None when it cannot
+    cover the model: every parameter must be the ``weight`` / ``bias`` of an ``nn.Linear`` or
+    an ``nn.Conv2d`` (``groups = 1``, zero padding given as numbers) — exactly those types, a
+    subclass may change ``forward`` — and the layout must name exactly those parameters (a
+    tied weight, listed once, is refused). Anything else (GroupNorm, embeddings, custom layers)
+    goes to the ``vmap`` path, which differentiates any model."""
+    out, names = [], set()
+    for prefix, m in model.named_modules():
+        own = dict(m.named_parameters(recurse=False))
+        if not own:
+            continue
+        if type(m) not in (nn.Linear, nn.Conv2d) or set(own) - {"weight", "bias"} or "weight" not in own:
+            return None
+        if type(m) is nn.Conv2d and (m.groups != 1 or m.padding_mode != "zeros" or isinstance(m.padding, str)):
+            return None
+        full = {k: f"{prefix}.{k}" if prefix else k for k in own}
+        names.update(full.values())
+        out.append(HookLayer(m, full["weight"], full.get("bias")))
+    if not out or names != set(layout.names) or len(names) != len(layout.names):
+        return None
+    return tuple(out)
+
+
+def _example_losses(logits: Tensor, y: Tensor, criterion: Criterion) -> Tensor:
+    """Each example's loss ``criterion(logits[e:e+1], y[e:e+1])`` (what the vmap path takes)."""
+    if criterion is None:
+        return F.cross_entropy(logits, y, reduction="none")
+    return vmap(lambda lo, t: criterion(lo.unsqueeze(0), t.unsqueeze(0)))(logits, y)
+
+
+def _layer_pieces(layer: HookLayer, a: Tensor, g: Tensor) -> tuple[str, Tensor, Tensor, Tensor]:
+    """``(kind, A, G, sq)`` of one layer on a chunk of E examples, from its input ``a`` and the
+    gradient ``g`` of the examples' summed losses with respect to its output (row e: example
+    e's own gradient, the examples being independent): ``sq[E]`` the squared norm of each
+    example's weight-and-bias gradient, and what :func:`_add_clipped` needs:
+
+    - ``"outer"`` (a linear layer on ``(E, in)``): ``A = a``, ``G = g``; example e's weight
+      gradient is the outer product ``G[e] A[e]ᵀ``, so its squared norm is ``‖A[e]‖²‖G[e]‖²``
+      (never materialised) and a weighted sum is the one product ``(c ⊙ G)ᵀ A``;
+    - ``"each"`` (a convolution, or a linear layer on ``(E, ..., in)``): the per-example weight
+      gradients ``A[E, out, p]`` (``G[e] U[e]ᵀ`` with U the unfolded input: the layer's own
+      weight gradient, a few numbers per example for these layers), ``G[E, out]`` the bias
+      gradients."""
+    e = a.shape[0]
+    m = layer.module
+    if type(m) is nn.Linear and a.ndim == 2:
+        ga = g.square().sum(dim=1)
+        sq = a.square().sum(dim=1) * ga
+        if layer.bias is not None:
+            sq = sq + ga
+        return "outer", a, g, sq
+    if type(m) is nn.Linear:
+        gs = g.reshape(e, -1, g.shape[-1])
+        pe = torch.bmm(gs.transpose(1, 2), a.reshape(e, -1, a.shape[-1]))
+    else:
+        u = F.unfold(a, m.kernel_size, dilation=m.dilation, padding=m.padding, stride=m.stride)  # (E, p, L)
+        gs = g.reshape(e, g.shape[1], -1)  # (E, out, L)
+        pe = torch.bmm(gs, u.transpose(1, 2))
+        gs = gs.transpose(1, 2)
+    gb = gs.sum(dim=1)
+    sq = pe.flatten(1).square().sum(dim=1)
+    if layer.bias is not None:
+        sq = sq + gb.square().sum(dim=1)
+    return "each", pe.flatten(1), gb, sq
+
+
+def _hook_chunk(model: nn.Module, layers: tuple[HookLayer, ...], named: dict[str, Tensor], x: Tensor, y: Tensor,
+                criterion: Criterion) -> tuple[list[tuple[str, Tensor, Tensor, Tensor]], Tensor]:
+    """One forward and one backward of a chunk: each layer's :func:`_layer_pieces` and the
+    examples' losses. The parameters do not require gradients, so the backward computes only
+    the layer outputs' gradients (no weight gradient)."""
+    seen: dict[nn.Module, tuple[Tensor, Tensor]] = {}
+
+    def record(mod: nn.Module, args: tuple[Tensor, ...], out: Tensor) -> Tensor:
+        if mod in seen:
+            raise _NotCovered(f"{type(mod).__name__} called twice in one forward")
+        if not out.requires_grad:  # the first layer: nothing before it needs a gradient
+            out = out.detach().requires_grad_()
+        seen[mod] = (args[0].detach(), out)
+        return out
+
+    handles = [layer.module.register_forward_hook(record) for layer in layers]
+    try:
+        with torch.enable_grad():
+            logits = functional_call(model, named, (x,))
+            losses = _example_losses(logits, y, criterion)
+            if len(seen) != len(layers):
+                raise _NotCovered("a layer was not called in the forward")
+            outs = [seen[layer.module][1] for layer in layers]
+            grads = torch.autograd.grad(losses.sum(), outs, allow_unused=True)
+    finally:
+        for h in handles:
+            h.remove()
+    pieces = [_layer_pieces(layer, seen[layer.module][0], torch.zeros_like(o) if gr is None else gr)
+              for layer, o, gr in zip(layers, outs, grads)]
+    return pieces, losses.detach()
+
+
+def _add_clipped(pieces: dict[str, Tensor], layer: HookLayer, kind: str, a: Tensor, g: Tensor, c: Tensor,
+                 groups: list[tuple[int, int, int]]) -> None:
+    """Add each group's (client row k, examples [lo, hi) of the chunk) clipped sum of one
+    layer's gradients, the examples weighted by their clipping factors ``c``."""
+    w, b = pieces[layer.weight], None if layer.bias is None else pieces[layer.bias]
+    for k, lo, hi in groups:
+        ck = c[lo:hi]
+        if kind == "outer":
+            w[k].view(g.shape[1], a.shape[1]).addmm_((g[lo:hi] * ck[:, None]).T, a[lo:hi])
+        else:
+            w[k].addmv_(a[lo:hi].T, ck)
+        if b is not None:
+            b[k].addmv_(g[lo:hi].T, ck)
+
+
+def hook_clipped_sums(
+    model: nn.Module, layout: ParamLayout, layers: tuple[HookLayer, ...], params: Tensor, x: Tensor, y: Tensor,
+    owner: Tensor, n: int, clip: float, *, criterion: Criterion = None, chunk_bytes: int = CHUNK_BYTES,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`per_example_clipped_sums` from the layers' inputs and output gradients (``layers``
+    from :func:`hook_layers`): the batch's forward, with hooks keeping each layer's input, and
+    one backward of the summed per-example losses to the layer outputs give every example's
+    gradient norm (:func:`_layer_pieces`: ghost norms for linear layers, the small per-example
+    weight gradient of a convolution); the clipping factors follow, and each client's clipped
+    sum is one product per layer (:func:`_add_clipped`) — no second backward, no (E, d)
+    matrix. The examples must not interact in the forward (no batch statistics): then row e of
+    the summed losses' output gradient is example e's own. Chunks keep the saved activations
+    near ``chunk_bytes``. ``params`` ``(n, d)`` (each client's own model): one forward per
+    client."""
+    e, d = x.shape[0], layout.dim
+    sums = params.new_zeros((n, d))
+    norms, losses = params.new_zeros((e,)), params.new_zeros((e,))
+    if e == 0:
+        return sums, norms, losses
+    pieces = dict(zip(layout.names, torch.split(sums, layout.numel, dim=1)))
+    order = None
+    if e > 1 and bool((owner[1:] < owner[:-1]).any()):  # group each client's examples together
+        order = torch.argsort(owner, stable=True)
+        x, y, owner = x.index_select(0, order), y.index_select(0, order), owner.index_select(0, order)
+    keys, counts = torch.unique_consecutive(owner, return_counts=True)
+    ends = counts.cumsum(0).tolist()
+    runs = [(int(k), hi - int(c), hi) for k, c, hi in zip(keys.tolist(), counts.tolist(), ends)]
+    shared = params.ndim == 1
+    spans = [(None, 0, e)] if shared else [(k, lo, hi) for k, lo, hi in runs]
+    named = layout.unflatten(params.detach()) if shared else None
+    step = _HOOK_FIRST_CHUNK
+    for k, lo, hi in spans:
+        if not shared:
+            named = layout.unflatten(params[k].detach())
+        a = lo
+        while a < hi:
+            b = min(hi, a + step)
+            layer_pieces, losses[a:b] = _hook_chunk(model, layers, named, x[a:b], y[a:b], criterion)
+            sq = torch.stack([p[3] for p in layer_pieces]).sum(dim=0)
+            norms[a:b] = sq.sqrt()
+            c = clip_factors(norms[a:b], clip)
+            groups = [(kk, max(lo2, a) - a, min(hi2, b) - a) for kk, lo2, hi2 in runs if lo2 < b and hi2 > a]
+            for layer, (kind, pa, pg, _) in zip(layers, layer_pieces):
+                _add_clipped(pieces, layer, kind, pa, pg, c, groups)
+            held = sum(p[1].numel() + p[2].numel() for p in layer_pieces) * params.element_size()
+            step = max(1, int(chunk_bytes * (b - a) // max(held, 1)))
+            a = b
+    if order is not None:
+        norms = torch.empty_like(norms).index_copy_(0, order, norms)
+        losses = torch.empty_like(losses).index_copy_(0, order, losses)
+    return sums, norms, losses
+
+
+#: Examples in the hook path's first chunk (later chunks are sized from what it held).
+_HOOK_FIRST_CHUNK = 256
+#: Models the ``auto`` method has checked (:func:`_hooks_agree`), and the verdict.
+_HOOK_CHECKED: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
+#: Examples the check compares on, and its tolerance (float32 rounding is ~1e-6 relative).
+_CHECK_EXAMPLES, _CHECK_RTOL = 8, 1e-3
+
+
+def _hooks_agree(model: nn.Module, layout: ParamLayout, layers: tuple[HookLayer, ...], params: Tensor, x: Tensor,
+                 y: Tensor, owner: Tensor, n: int, clip: float, criterion: Criterion) -> bool:
+    """Whether the hook path may stand in for the vmap path on ``model``: decided once per model
+    (on its first batch of at least two examples) by computing both on up to 8 of the examples
+    and comparing norms, losses and clipped sums (to 1e-3 relative). It catches what
+    :func:`hook_layers` cannot see from the module tree — a parameter also used outside its
+    module, a module called twice, examples that interact in the forward (a batch mean), which
+    would make row e of the output gradients depend on other examples. Not a proof for every
+    input; ``method = "vmap"`` is exact for any model."""
+    verdict = _HOOK_CHECKED.get(model)
+    if verdict is not None:
+        return verdict
+    k = min(x.shape[0], _CHECK_EXAMPLES)
+    if k < 2:
+        return True  # one example cannot interact with another; decide on a larger batch
+    xs, ys, os = x[:k], y[:k], owner[:k]
+    try:
+        got = hook_clipped_sums(model, layout, layers, params, xs, ys, os, n, clip, criterion=criterion)
+    except _NotCovered:
+        _HOOK_CHECKED[model] = False
+        return False
+    ref = _vmap_clipped_sums(model, layout, params, xs, ys, os, n, clip, criterion=criterion, chunk_bytes=CHUNK_BYTES)
+    ok = all(
+        bool(torch.allclose(a, b, rtol=_CHECK_RTOL, atol=_CHECK_RTOL * float(b.abs().max().clamp(min=1e-12))))
+        for a, b in zip(got, ref)
+    )
+    _HOOK_CHECKED[model] = ok
+    return ok
 
 
 @dataclass(frozen=True)
@@ -197,8 +459,10 @@ class DPSGDClients:
     gradient of its seeded minibatch. It counts every step each client took (``steps``): what
     the accountant composes."""
 
-    def __init__(self, settings: DPSGDSettings, source: RandomSource, client_sizes: Sequence[int]) -> None:
+    def __init__(self, settings: DPSGDSettings, source: RandomSource, client_sizes: Sequence[int], *,
+                 method: str = "auto") -> None:
         self.settings = settings
+        self.method = method  # per_example_clipped_sums's: auto | hooks | vmap
         self.source = source
         self.sizes = np.asarray(client_sizes, dtype=np.int64)
         self.steps = np.zeros(len(self.sizes), dtype=np.int64)
@@ -237,7 +501,7 @@ class DPSGDClients:
         y = data.y_train.index_select(0, flat)
         be = work.backend
         sums, norms, losses = per_example_clipped_sums(be.model, be.layout, params, x, y, owner, n, s.clip,
-                                                       criterion=be.loss_fn)
+                                                       criterion=be.loss_fn, method=self.method)
         self._clipped[0] += int((norms + CLIP_STABILISER > s.clip).sum())
         self._clipped[1] += int(norms.numel())
         if s.z > 0:
