@@ -79,11 +79,11 @@ def _population(n_clients: int, per_client: int, features: int, seed: int):
 
     g = torch.Generator().manual_seed(seed)
     n = n_clients * per_client
-    centres = torch.randn(CLASSES, features, generator=g)
+    centers = torch.randn(CLASSES, features, generator=g)
     y = torch.randint(0, CLASSES, (n,), generator=g)
-    x = centres[y] + torch.randn(n, features, generator=g)
+    x = centers[y] + torch.randn(n, features, generator=g)
     yt = torch.randint(0, CLASSES, (2000,), generator=g)
-    xt = centres[yt] + torch.randn(2000, features, generator=g)
+    xt = centers[yt] + torch.randn(2000, features, generator=g)
     idx = np.arange(n, dtype=np.int64).reshape(n_clients, per_client)
     return FederatedDataset(name="population", x_train=x, y_train=y, x_test=xt, y_test=yt,
                             client_indices=list(idx), num_classes=CLASSES, input_shape=(features,))

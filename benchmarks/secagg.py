@@ -129,7 +129,7 @@ def one_round(x: np.ndarray, cfg: SecAggConfig, rate: float, rng: np.random.Gene
         up = statistics.median(out.bytes_up.values())
         return {
             "status": "ok",
-            "k": out.neighbours,
+            "k": out.neighbors,
             "t": out.threshold,
             "survivors": len(out.survivors),
             "client_mask_s": statistics.median(out.client_seconds["mask"]),
@@ -144,7 +144,7 @@ def one_round(x: np.ndarray, cfg: SecAggConfig, rate: float, rng: np.random.Gene
             "down_per_client": statistics.median(out.bytes_down.values()),
             "aborts_before_success": len(failures),
         }
-    return {"status": "abort", "k": cfg.num_neighbours(n), "t": cfg.share_threshold(n), "reasons": failures}
+    return {"status": "abort", "k": cfg.num_neighbors(n), "t": cfg.share_threshold(n), "reasons": failures}
 
 
 def repeated(x, cfg, rate, rng, retries, repeats) -> dict:

@@ -272,7 +272,7 @@ def signguard(x, f, coords: list[int] | None, lower=0.1, upper=3.0):
 # ---------------------------------------------------------------- pre-aggregators
 
 
-def nnm_neighbours(x, f) -> list[list[int]]:
+def nnm_neighbors(x, f) -> list[list[int]]:
     """For each i: i itself, then its n − f − 1 nearest others (squared distance, then index)."""
     x = _np(x)
     n = x.shape[0]
@@ -285,7 +285,7 @@ def nnm_neighbours(x, f) -> list[list[int]]:
 
 def nnm(x, f):
     x = _np(x)
-    return np.array([_mean_rows([x[j] for j in nearest]) for nearest in nnm_neighbours(x, f)])
+    return np.array([_mean_rows([x[j] for j in nearest]) for nearest in nnm_neighbors(x, f)])
 
 
 def bucketing_perm(generator: torch.Generator, n: int) -> list[int]:

@@ -169,17 +169,17 @@ def test_far_outliers_do_not_move_robust_rules(name):
     byz = 1e6 * torch.nn.functional.normalize(torch.randn(30, generator=g), dim=0)
     x[[2, 7, 11]] = byz  # all Byzantine clients send the same vector
     honest = x[honest_idx]
-    centre = honest.mean(dim=0)
-    radius = torch.linalg.vector_norm(honest - centre, dim=1).max()
+    center = honest.mean(dim=0)
+    radius = torch.linalg.vector_norm(honest - center, dim=1).max()
     if name == "centered_clipping":  # robust from a good start: the previous aggregate
         out = AGGREGATORS.get(name, {"tau": 1.0, "iters": 5})(x, f=f, previous=honest[0])
     else:
         out = AGGREGATORS.get(name)(x, f=f)
-    assert torch.linalg.vector_norm(out - centre) <= radius
+    assert torch.linalg.vector_norm(out - center) <= radius
     if name not in ("geometric_median", "centered_clipping", "signguard"):  # these may shrink/shift
         lo, hi = honest.min(dim=0).values, honest.max(dim=0).values
         assert torch.all(out >= lo - 1e-5) and torch.all(out <= hi + 1e-5)
-    assert torch.linalg.vector_norm(AGGREGATORS.get("mean")(x, f=f) - centre) > 1e5
+    assert torch.linalg.vector_norm(AGGREGATORS.get("mean")(x, f=f) - center) > 1e5
 
 
 def test_signguard_sign_clustering_removes_sign_flipped_updates():

@@ -206,7 +206,7 @@ def test_aggregator_same_definition(byz, byz_name, n, f, kind, seed):
 
 @pytest.mark.parametrize("n,f,kind,seed", CASES, ids=CASE_IDS)
 def test_krum_matches_with_f_shifted_by_one(byz, n, f, kind, seed):
-    """See test_krum_convention_neighbour_count: fedsafe's krum(f − 1) is ByzFL's Krum(f)."""
+    """See test_krum_convention_neighbor_count: fedsafe's krum(f − 1) is ByzFL's Krum(f)."""
     x = _data(kind, n, seed)
     close(fs_rule("krum", x, f - 1), byz.agg.Krum(f)(x.copy()))
 
@@ -290,7 +290,7 @@ def test_trimmed_mean_convention_drops_f_values_at_each_end(byz):
         assert fs_rule("trimmed_mean", x, f)[0] == pytest.approx(want, rel=1e-15)
 
 
-def test_krum_convention_neighbour_count(byz):
+def test_krum_convention_neighbor_count(byz):
     """Krum's score sums (ByzFL: averages) the squared distances to the nearest others:
     fedsafe n − f − 2 of them (Blanchard et al.), ByzFL n − f − 1 (its ``[:, 1:n−f]``).
     1-D points 0, 1, 2, 10, 10.5, f = 1: fedsafe's scores (2 neighbours) are 5, 2, 5, 64.25,
@@ -302,9 +302,9 @@ def test_krum_convention_neighbour_count(byz):
     assert fs_rule("krum", x, 0)[0] == 2.0
 
 
-def test_multi_krum_convention_neighbours_and_default_m(byz):
+def test_multi_krum_convention_neighbors_and_default_m(byz):
     """MultiKrum averages the m best-scored updates, scores as in Krum, so the neighbour count
-    differs as in test_krum_convention_neighbour_count; m = n − f by default in both (fixed
+    differs as in test_krum_convention_neighbor_count; m = n − f by default in both (fixed
     in ByzFL, a parameter in fedsafe). 1-D points 0, 1, 4, 5, 7, f = 1: fedsafe's scores
     (2 neighbours) 17, 10, 10, 5, 13 keep {1, 4, 5, 7} -> 4.25; ByzFL's (3 neighbours)
     42, 26, 19, 21, 49 keep {0, 1, 4, 5} -> 2.5. Mapping: multi_krum(f − 1, m = n − f); the
@@ -475,7 +475,7 @@ def test_nnm_same_definition(byz, n, f, kind, seed):
     close(fs_pre("nnm", x, f), byz.pre.NNM(f)(x.copy()))
 
 
-def test_nnm_convention_neighbourhood_includes_itself(byz):
+def test_nnm_convention_neighborhood_includes_itself(byz):
     """Both: y_i is the mean of x_i's n − f nearest, x_i itself included (distance 0).
     Points 0, 1, 3, 10, 11, f = 2: y_0 = mean(0, 1, 3)."""
     x = np.array([[0.0], [1.0], [3.0], [10.0], [11.0]])

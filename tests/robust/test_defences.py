@@ -161,14 +161,14 @@ def test_far_outliers_do_not_move_the_rules(name):
     byz = [2, 7, 11]
     x[byz] = 1e6 * torch.nn.functional.normalize(torch.randn(d, generator=g), dim=0)  # colluding
     honest = x[[i for i in range(n) if i not in byz]]
-    centre = honest.mean(dim=0)
-    radius = torch.linalg.vector_norm(honest - centre, dim=1).max()
+    center = honest.mean(dim=0)
+    radius = torch.linalg.vector_norm(honest - center, dim=1).max()
     out = AGGREGATORS.get(name)(x, f=f)
-    assert torch.linalg.vector_norm(out - centre) <= radius
+    assert torch.linalg.vector_norm(out - center) <= radius
     if name != "clipped_clustering":  # means of honest subsets / weights: inside the honest box
         lo, hi = honest.min(dim=0).values, honest.max(dim=0).values
         assert torch.all(out >= lo - 1e-5) and torch.all(out <= hi + 1e-5)
-    assert torch.linalg.vector_norm(AGGREGATORS.get("mean")(x, f=f) - centre) > 1e5
+    assert torch.linalg.vector_norm(AGGREGATORS.get("mean")(x, f=f) - center) > 1e5
 
 
 @pytest.mark.parametrize("name", NEW)
@@ -177,10 +177,10 @@ def test_scattered_outliers_do_not_move_the_rules(name):
     x = _data("outliers", 12, 2, 30, torch.float64, seed=4)
     byz = [1, 3]
     honest = x[[i for i in range(12) if i not in byz]]
-    centre = honest.mean(dim=0)
-    radius = torch.linalg.vector_norm(honest - centre, dim=1).max()
+    center = honest.mean(dim=0)
+    radius = torch.linalg.vector_norm(honest - center, dim=1).max()
     out = AGGREGATORS.get(name)(x, f=2)
-    assert torch.linalg.vector_norm(out - centre) <= radius
+    assert torch.linalg.vector_norm(out - center) <= radius
 
 
 def test_clipped_clustering_drops_sign_flipped_updates():

@@ -57,7 +57,7 @@ def test_offset_selections_match_exact():
         assert krum.bulyan_select(d2, F).tolist() == naive.bulyan_indices(x64, F), seed
         w = distances.nnm_mixing(d2, F)
         got = [set(torch.nonzero(row).flatten().tolist()) for row in w]
-        assert got == [set(nb) for nb in naive.nnm_neighbours(x64, F)], seed
+        assert got == [set(nb) for nb in naive.nnm_neighbors(x64, F)], seed
 
 
 def test_offset_rules_match_naive_outputs():
@@ -69,17 +69,17 @@ def test_offset_rules_match_naive_outputs():
     chosen = torch.sort(x[naive.bulyan_indices(x64, F)], dim=0).values
     assert torch.equal(AGGREGATORS.get("bulyan")(x, f=F), mean_around_median(chosen, N - 4 * F))
     w = torch.zeros(N, N)
-    for i, nearest in enumerate(naive.nnm_neighbours(x64, F)):
+    for i, nearest in enumerate(naive.nnm_neighbors(x64, F)):
         w[i, nearest] = 1.0 / (N - F)
     assert torch.equal(PREAGGREGATORS.get("nnm")(x, f=F), mix(x, w))
 
 
-def _bound(x: torch.Tensor, centre: torch.Tensor | None, m: int) -> np.ndarray:
+def _bound(x: torch.Tensor, center: torch.Tensor | None, m: int) -> np.ndarray:
     """The torch path's bound ``(2γ_m + 8u)(‖x_i − c‖² + ‖x_j − c‖²)`` for float32 (u = 2⁻²⁴)."""
     u = 2.0**-24
     gamma = m * u / (1 - m * u)
     x64 = x.double()
-    c = torch.zeros_like(x64[0]) if centre is None else centre.double()
+    c = torch.zeros_like(x64[0]) if center is None else center.double()
     sq = ((x64 - c) ** 2).sum(dim=1).numpy()
     return (2 * gamma + 8 * u) * (sq[:, None] + sq[None, :])
 
@@ -93,12 +93,12 @@ def test_error_bound_holds_and_scales_with_spread_not_offset(offset):
     x[9] = 50 * torch.randn(DIM, generator=g, dtype=torch.float64) + offset  # a far row
     x = x.to(torch.float32)
     exact = naive.sq_distances(x.double().numpy())
-    centre = distances.distance_centre(x)
+    center = distances.distance_center(x)
     want = torch.tensor(naive.median(x, 0), dtype=torch.float64).to(torch.float32)
-    assert torch.equal(centre, want)  # the coordinate-wise median, not any one row
+    assert torch.equal(center, want)  # the coordinate-wise median, not any one row
     got = distances.pairwise_sq_distances(x).double().numpy()
     err = np.abs(got - exact)
-    bound = _bound(x, centre, DIM) + 2.0**-24 * exact  # + the cast of the result
+    bound = _bound(x, center, DIM) + 2.0**-24 * exact  # + the cast of the result
     assert (err <= bound).all(), float((err / bound).max())
     if offset >= 1e3:  # centring made the bound on the bulk relative to its spread, not ‖x‖²
         bulk = np.ix_([i for i in range(12) if i != 9], [i for i in range(12) if i != 9])
@@ -106,7 +106,7 @@ def test_error_bound_holds_and_scales_with_spread_not_offset(offset):
 
 
 @pytest.mark.parametrize("n", [9, 10, 11, 12])
-def test_centre_lies_within_the_honest_range(n):
+def test_center_lies_within_the_honest_range(n):
     # fewer than n/2 Byzantine rows, all above every honest value in every coordinate (or all
     # below, or split): every coordinate of the centre stays between the honest extremes
     g = torch.Generator().manual_seed(n)
@@ -118,9 +118,9 @@ def test_centre_lies_within_the_honest_range(n):
         sign = {"above": 1.0, "below": -1.0, "split": torch.where(torch.arange(f) % 2 == 0, 1.0, -1.0)[:, None]}[layout]
         x[byz] = 1000 + sign * 1e6 * (1 + torch.rand(f, 300, generator=g, dtype=torch.float64))
         x = x.to(torch.float32)
-        c = distances.distance_centre(x)
+        c = distances.distance_center(x)
         assert (c >= x[honest].min(dim=0).values).all() and (c <= x[honest].max(dim=0).values).all(), layout
-    assert distances.distance_centre(x[:1]) is None and distances.distance_centre(x[:, :0]) is None
+    assert distances.distance_center(x[:1]) is None and distances.distance_center(x[:, :0]) is None
 
 
 def test_wide_rows_use_blocks_and_stay_exact(monkeypatch):
@@ -132,9 +132,9 @@ def test_wide_rows_use_blocks_and_stay_exact(monkeypatch):
     x = (OFFSET + 0.01 * torch.randn(n, d, generator=g, dtype=torch.float64)).to(torch.float32)
     xd = x.double()
     exact = ((xd[:, None, :] - xd[None, :, :]) ** 2).sum(dim=-1).numpy()  # differences first
-    centre = distances.distance_centre(x)
+    center = distances.distance_center(x)
     got = distances.pairwise_sq_distances(x).double().numpy()
-    assert (np.abs(got - exact) <= _bound(x, centre, 1024) + 2.0**-24 * exact).all()
+    assert (np.abs(got - exact) <= _bound(x, center, 1024) + 2.0**-24 * exact).all()
     off = ~np.eye(n, dtype=bool)
     assert (np.abs(got - exact)[off] <= 1e-4 * exact[off]).all()
     got64 = distances.pairwise_sq_distances(x, dtype=torch.float64).numpy()
@@ -201,7 +201,7 @@ def _attack(kind: str, seed: int) -> tuple[torch.Tensor, np.ndarray]:
 
 
 def _nnm_from(d2: np.ndarray, f: int) -> list[set[int]]:
-    """``naive.nnm_neighbours`` on given distances: i, then its n − f − 1 nearest (then index)."""
+    """``naive.nnm_neighbors`` on given distances: i, then its n − f − 1 nearest (then index)."""
     n = d2.shape[0]
     return [
         {i, *sorted((j for j in range(n) if j != i), key=lambda j: (d2[i, j], j))[: n - f - 1]}

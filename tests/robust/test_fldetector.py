@@ -105,13 +105,13 @@ def _federation(attack: str, rounds: int = 30, n: int = 20, bad: int = 4, d: int
     detector gets the model's change each round. Returns the detector and its outputs."""
     g = torch.Generator().manual_seed(seed)
     a = torch.diag(torch.linspace(0.5, 2.0, d, dtype=torch.float64))
-    centres = 1.0 + 0.3 * torch.randn(n, d, generator=g, dtype=torch.float64)
+    centers = 1.0 + 0.3 * torch.randn(n, d, generator=g, dtype=torch.float64)
     w = torch.zeros(d, dtype=torch.float64)
     prev_w = None
     det = FLDetector(window=window, rule="mean")
     outs = []
     for t in range(rounds):
-        grads = (w - centres) @ a  # honest gradients (A symmetric)
+        grads = (w - centers) @ a  # honest gradients (A symmetric)
         honest_mean = grads[bad:].mean(0)
         if attack == "sign_flip":
             grads[:bad] = -honest_mean
@@ -152,7 +152,7 @@ def test_state_dict_resumes_exactly():
     g = torch.Generator().manual_seed(0)
     d, n, bad = 12, 20, 4
     a = torch.diag(torch.linspace(0.5, 2.0, d, dtype=torch.float64))
-    centres = 1.0 + 0.3 * torch.randn(n, d, generator=g, dtype=torch.float64)
+    centers = 1.0 + 0.3 * torch.randn(n, d, generator=g, dtype=torch.float64)
     w, prev_w = torch.zeros(d, dtype=torch.float64), None
     det = FLDetector(window=5, rule="mean")
     outs = []
@@ -161,7 +161,7 @@ def test_state_dict_resumes_exactly():
             fresh = FLDetector(window=5, rule="mean")
             fresh.load_state_dict(det.state_dict())
             det = fresh
-        grads = (w - centres) @ a
+        grads = (w - centers) @ a
         grads[:bad] = -grads[bad:].mean(0)
         out = det.aggregate(grads, list(range(n)), None if prev_w is None else w - prev_w, torch.Generator().manual_seed(100 + t))
         outs.append(out)
@@ -217,13 +217,13 @@ def test_the_pipeline_runs_the_detector_from_the_models_changes():
     g = torch.Generator().manual_seed(0)
     n, bad, d = 20, 4, 12
     a = torch.diag(torch.linspace(0.5, 2.0, d, dtype=torch.float64))
-    centres = 1.0 + 0.3 * torch.randn(n, d, generator=g, dtype=torch.float64)
+    centers = 1.0 + 0.3 * torch.randn(n, d, generator=g, dtype=torch.float64)
     w = torch.zeros(d, dtype=torch.float64)
     got = []
     # the detector's gap statistic draws from the pipeline's stream ("robust.rule", t)
     for t in range(20):
         pipe.begin_round(t, w)
-        grads = (w - centres) @ a
+        grads = (w - centers) @ a
         grads[:bad] = -grads[bad:].mean(0)
         before = pipe.state_dict()
         pipe.apply(-grads, t, list(range(n)))

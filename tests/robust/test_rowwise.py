@@ -97,21 +97,21 @@ def test_row_sq_norms(path, n, d, kind, dtype):
     assert torch.equal(x, before)
 
 
-def test_row_sq_norms_non_contiguous_and_bad_centre(path):
+def test_row_sq_norms_non_contiguous_and_bad_center(path):
     base = _rows("gaussian", 301, 14, torch.float32)
     x = base.T[:, ::2]  # (14, 151) with strides (1, 28)
     assert not x.is_contiguous()
     want = (x.double() ** 2).sum(dim=1)
     torch.testing.assert_close(rowwise.row_sq_norms(x), want, rtol=1e-13, atol=0)
-    with pytest.raises(ValueError, match="centre must have shape"):
+    with pytest.raises(ValueError, match="center must have shape"):
         rowwise.row_sq_norms(x, torch.zeros(3))
 
 
 # ----------------------------------------------------------------------------- Gram, distances
 
 
-def _gram_ref(x: torch.Tensor, dtype: torch.dtype, centre: torch.Tensor | None) -> torch.Tensor:
-    c = torch.zeros_like(x[0], dtype=torch.float64) if centre is None else centre.to(dtype).double()
+def _gram_ref(x: torch.Tensor, dtype: torch.dtype, center: torch.Tensor | None) -> torch.Tensor:
+    c = torch.zeros_like(x[0], dtype=torch.float64) if center is None else center.to(dtype).double()
     y = (x.double() - c).to(dtype).double()  # x − c in the wider dtype, rounded to dtype once
     return y @ y.T
 
@@ -124,10 +124,10 @@ def test_gram_kernel(monkeypatch, n, d, kind, dtype, acc):
     _force_kernels(monkeypatch)
     x = _rows(kind, n, d, dtype)
     before = x.clone()
-    for centre in (None, x[n - 1]):
+    for center in (None, x[n - 1]):
         assert rowwise.use_gram_kernel(x, acc)
-        got = rowwise.gram_float64(x, acc, centre)
-        want = _gram_ref(x, acc, centre)
+        got = rowwise.gram_float64(x, acc, center)
+        want = _gram_ref(x, acc, center)
         assert got.dtype == torch.float64 and torch.equal(got, got.T)
         # each 64-column block summed in the accumulation dtype, blocks in float64
         u = 2.0**-24 if acc == torch.float32 else 2.0**-53
@@ -161,12 +161,12 @@ def test_distances_and_selections_through_the_kernel(monkeypatch, n, f, kind):
             assert krum.bulyan_select(d2, f).tolist() == naive.bulyan_indices(x64, f)
 
 
-def test_offset_rows_are_centred_and_exact(monkeypatch):
+def test_offset_rows_are_centered_and_exact(monkeypatch):
     _force_kernels(monkeypatch)
     g = torch.Generator().manual_seed(4)
     x = (1000 + 0.01 * torch.randn(10, 700, generator=g, dtype=torch.float64)).to(torch.float32)
     x[6] = x[3]
-    assert distances.distance_centre(x) is not None
+    assert distances.distance_center(x) is not None
     exact = naive.sq_distances(x.double().numpy())
     got = distances.pairwise_sq_distances(x).double().numpy()
     off = ~np.eye(10, dtype=bool)
@@ -213,19 +213,19 @@ def test_scale_and_clip_rows(path, n, d, kind, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n,d", SHAPES)
-def test_centred_weighted_sum(path, n, d, dtype):
+def test_centered_weighted_sum(path, n, d, dtype):
     x = _rows("outliers", n, d, dtype)
     v = _rows("gaussian", 1, d, dtype, seed=9)[0]
     before = x.clone()
     w = torch.linspace(-0.5, 1.0, n, dtype=torch.float64)
     w[0] = 0.0  # a skipped row
-    got = rowwise.centred_weighted_sum(x, w, v)
+    got = rowwise.centered_weighted_sum(x, w, v)
     want = v.double() + w @ (x.double() - v.double())
     assert got.dtype == dtype and got.shape == (d,)
     scale = float((w.abs() @ (x.double() - v.double()).abs()).max()) + float(v.abs().max())
     rtol = 2.0**-23 if dtype == torch.float32 else 1e-14
     assert float((got.double() - want).abs().max()) <= rtol * scale
-    plain = rowwise.centred_weighted_sum(x, w, None)  # Σ w_i x_i
+    plain = rowwise.centered_weighted_sum(x, w, None)  # Σ w_i x_i
     scale = float((w.abs() @ x.double().abs()).max())
     assert float((plain.double() - w @ x.double()).abs().max()) <= rtol * scale
     assert torch.equal(x, before)

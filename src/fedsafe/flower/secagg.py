@@ -111,7 +111,7 @@ class FlowerSecAgg(SecAggProtocol):
         dropped = {s: tuple(sorted(c for c, j in offline_from.items() if j == index[s])) for s in stages}
         return RoundOutcome(
             total=server.total, survivors=server.survivors, participants=tuple(ids), bits=cfg.bits,
-            quant_bits=server.quant_bits, ranges=server.ranges, threshold=server.threshold, neighbours=server.k,
+            quant_bits=server.quant_bits, ranges=server.ranges, threshold=server.threshold, neighbors=server.k,
             dropped=dropped, aborted_clients=tuple(sorted(set(aborted))), stage_seconds=stage_seconds,
             client_seconds=client_seconds, server_seconds=server_seconds,
             bytes_up={c: net.bytes_sent[c] for c in ids}, bytes_down={c: net.bytes_received[c] for c in ids},

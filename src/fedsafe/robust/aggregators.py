@@ -36,7 +36,7 @@ from fedsafe.robust.krum import bulyan_select, krum_select, multi_krum_select
 from fedsafe.robust.rows import average_rows, median_value
 from fedsafe.robust.rows import check_matrix as _check_matrix
 from fedsafe.robust.rows import require as _require
-from fedsafe.robust.rowwise import centred_weighted_sum, row_sq_norms
+from fedsafe.robust.rowwise import centered_weighted_sum, row_sq_norms
 from fedsafe.robust.selection import (
     coordinate_mean_around_median,
     coordinate_median,
@@ -192,7 +192,7 @@ def centered_clipping(
 
     Each iteration is two passes over the updates and no (n, d) intermediate: the norms
     ``‖x_i − v‖`` (``rowwise.row_sq_norms``, float64) and the step
-    (``rowwise.centred_weighted_sum``: differences and sum in float64, rounded once)."""
+    (``rowwise.centered_weighted_sum``: differences and sum in float64, rounded once)."""
     n = _check_matrix(updates, "centered_clipping")
     _require("centered_clipping", n, f, 2 * f < n, "n > 2f")
     if tau is not None and not tau > 0:
@@ -209,11 +209,11 @@ def centered_clipping(
         v = previous.to(dtype=updates.dtype, device=updates.device)
     for it in range(iters):
         # the first round starts at 0: plain norms, no read of a zero vector
-        centre = None if previous is None and it == 0 else v
-        dist = row_sq_norms(updates, centre).sqrt()
+        center = None if previous is None and it == 0 else v
+        dist = row_sq_norms(updates, center).sqrt()
         radius = median_value(dist) if tau is None else tau
         c = _clip_factors(dist, radius)
-        v = centred_weighted_sum(updates, c / n, v)
+        v = centered_weighted_sum(updates, c / n, v)
     return v
 
 

@@ -153,8 +153,8 @@ def smea(updates: Tensor, *, f: int, max_subsets: int = MAX_SUBSETS) -> Tensor:
     for _, idx in _subset_batches(n, m):
         sub = _gather(d2, idx)
         rows = sub.mean(dim=2, keepdim=True)
-        centred = -0.5 * (sub - rows - rows.transpose(1, 2) + rows.mean(dim=1, keepdim=True))
-        lams.append(torch.linalg.eigvalsh(centred)[:, -1].clamp_min(0) / m)
+        centered = -0.5 * (sub - rows - rows.transpose(1, 2) + rows.mean(dim=1, keepdim=True))
+        lams.append(torch.linalg.eigvalsh(centered)[:, -1].clamp_min(0) / m)
     best = _first_near_min(torch.cat(lams))
     return average_rows(updates, _nth_subset(n, m, best))
 

@@ -69,13 +69,13 @@ def block_columns(n: int, itemsize: int, d: int) -> int:
     return max(1, min(d, max(1024, _BLOCK_BYTES // max(1, n * itemsize))))
 
 
-def gram(updates: Tensor, *, dtype: torch.dtype | None = None, centre: Tensor | None = None) -> Tensor:
+def gram(updates: Tensor, *, dtype: torch.dtype | None = None, center: Tensor | None = None) -> Tensor:
     """``G = (X − 1cᵀ)(X − 1cᵀ)ᵀ`` accumulated in ``dtype`` (default: the updates' dtype), with
     ``c = centre`` (a length-d vector) or 0, returned in ``dtype``. See :func:`_gram64`."""
-    return _gram64(updates, dtype or updates.dtype, centre).to(dtype or updates.dtype)
+    return _gram64(updates, dtype or updates.dtype, center).to(dtype or updates.dtype)
 
 
-def _gram64(updates: Tensor, dtype: torch.dtype, centre: Tensor | None) -> Tensor:
+def _gram64(updates: Tensor, dtype: torch.dtype, center: Tensor | None) -> Tensor:
     """The Gram matrix of :func:`gram` before its cast to ``dtype`` (float64 where it was
     summed in float64).
 
@@ -90,12 +90,12 @@ def _gram64(updates: Tensor, dtype: torch.dtype, centre: Tensor | None) -> Tenso
     float64 total. Either way every dot product is rounded over at most one block's length
     (one product: d) and the extra memory is a block, not a copy of the matrix."""
     if use_gram_kernel(updates, dtype):
-        return gram_float64(updates, dtype, centre)
-    if centre is None and updates.dtype == dtype:
+        return gram_float64(updates, dtype, center)
+    if center is None and updates.dtype == dtype:
         return updates @ updates.T
     n, d = updates.shape
     cols = block_columns(n, torch.finfo(dtype).bits // 8, d)
-    c = None if centre is None else centre.to(dtype)
+    c = None if center is None else center.to(dtype)
     g = torch.zeros(n, n, dtype=torch.float64, device=updates.device)
     buf = torch.empty(n, cols, dtype=dtype, device=updates.device)
     for start in range(0, d, cols):  # a few dozen blocks, not single coordinates
@@ -109,7 +109,7 @@ def _gram64(updates: Tensor, dtype: torch.dtype, centre: Tensor | None) -> Tenso
     return g
 
 
-def distance_centre(updates: Tensor) -> Tensor | None:
+def distance_center(updates: Tensor) -> Tensor | None:
     """The centre that the torch path of :func:`pairwise_sq_distances` subtracts before its Gram
     product: the coordinate-wise median of all rows (:func:`fedsafe.robust.selection.coordinate_median`;
     the mean of the two middle values for even n), or None for fewer than two rows or no columns.
@@ -138,7 +138,7 @@ def pairwise_sq_distances(updates: Tensor, *, dtype: torch.dtype | None = None) 
       differences and sums in ``dtype``, in float64 for float64 updates), the blocks summed in
       float64. Rows equal bit for bit come out exactly 0 apart.
     * Otherwise torch: the Gram expansion ``‖c_i‖² + ‖c_j‖² − 2⟨c_i, c_j⟩`` of ``c_i = x_i − c``,
-      ``c`` the coordinate-wise median (:func:`distance_centre`; distances do not depend on it),
+      ``c`` the coordinate-wise median (:func:`distance_center`; distances do not depend on it),
       the Gram matrix of :func:`gram` (column blocks, each converted and centred in one pass,
       its product in ``dtype``, summed in float64), the expansion done in float64, clamped at 0
       and symmetrised. Duplicated rows may come out a small positive distance apart (GEMM).
@@ -155,7 +155,7 @@ def pairwise_sq_distances(updates: Tensor, *, dtype: torch.dtype | None = None) 
       3.1e-5·D_ij, whatever any row holds, offsets included.
     * torch: ``|D̂_ij − D_ij| ≤ (2γ_m + 8u + B·2⁻⁵³)·(‖x_i − c‖² + ‖x_j − c‖²)`` (2γ_m for the
       three Gram entries, 4u for rounding the centred values). For two honest rows, with fewer
-      than n/2 Byzantine rows, ``‖x_h − c‖² ≤ R_H²`` (:func:`distance_centre`): the bound is
+      than n/2 Byzantine rows, ``‖x_h − c‖² ≤ R_H²`` (:func:`distance_center`): the bound is
       set by the honest rows' spread, and Byzantine rows, however far, only inflate the errors
       of their own entries, which are then as large as their distances. What remains is the
       worst case of any Gram expansion: two rows much closer to each other than to ``c`` have
@@ -173,7 +173,7 @@ def pairwise_sq_distances(updates: Tensor, *, dtype: torch.dtype | None = None) 
     acc = dtype or updates.dtype
     if use_gram_kernel(updates, acc):
         return sq_distances_float64(updates, acc).to(acc)
-    g = _gram64(updates, acc, distance_centre(updates)).to(torch.float64)
+    g = _gram64(updates, acc, distance_center(updates)).to(torch.float64)
     sq = torch.diagonal(g)
     d2 = (sq[:, None] + sq[None, :] - 2 * g).clamp_min(0)
     d2 = (d2 + d2.T) / 2

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from fedsafe.robust.aggregators import AGGREGATORS
 from fedsafe.robust.rows import check_matrix, median_value, require
-from fedsafe.robust.rowwise import centred_weighted_sum, gram_float64, row_sq_norms, use_gram_kernel
+from fedsafe.robust.rowwise import centered_weighted_sum, gram_float64, row_sq_norms, use_gram_kernel
 
 
 def admitted(updates: Tensor) -> np.ndarray:
@@ -76,7 +76,7 @@ def flame(updates: Tensor, *, f: int, generator: torch.Generator | None = None, 
     idx = torch.from_numpy(keep)
     scale = torch.where(norms[idx] > bound, bound / torch.where(norms[idx] > 0, norms[idx], 1.0), torch.ones_like(norms[idx]))
     weights[idx] = scale / len(keep)
-    out = centred_weighted_sum(updates, weights, None)
+    out = centered_weighted_sum(updates, weights, None)
     if noise > 0 and bound > 0:
         if generator is None:
             raise ValueError("flame: needs a seeded generator for its noise (the pipeline supplies one)")

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from fedsafe.robust.aggregators import AGGREGATORS
 from fedsafe.robust.rows import check_matrix, require
-from fedsafe.robust.rowwise import centred_weighted_sum, row_sq_norms
+from fedsafe.robust.rowwise import centered_weighted_sum, row_sq_norms
 
 
 @AGGREGATORS.register("fltrust")
@@ -53,4 +53,4 @@ def fltrust(updates: Tensor, *, f: int, server_update: Tensor | None = None, roo
     total = float(scores.sum())
     if total == 0:
         return zero
-    return centred_weighted_sum(updates, scores * (norm0 / safe) / total, None)
+    return centered_weighted_sum(updates, scores * (norm0 / safe) / total, None)

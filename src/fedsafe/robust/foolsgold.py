@@ -13,7 +13,7 @@ from torch import Tensor
 from fedsafe.robust.aggregators import AGGREGATORS
 from fedsafe.robust.distances import gram
 from fedsafe.robust.rows import check_matrix, require
-from fedsafe.robust.rowwise import centred_weighted_sum
+from fedsafe.robust.rowwise import centered_weighted_sum
 
 
 _IDENTICAL = 1e-12
@@ -109,4 +109,4 @@ def foolsgold(
     total = float(alpha.sum())
     if total == 0:
         return torch.zeros(d, dtype=updates.dtype, device=updates.device)
-    return centred_weighted_sum(updates, alpha / total, None)
+    return centered_weighted_sum(updates, alpha / total, None)

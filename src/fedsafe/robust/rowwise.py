@@ -24,7 +24,7 @@ peak on these AMD cores and computes both halves of the symmetric product. Here:
   centred Gram (n = 50, d = 10⁶ float32, one or two threads);
 * :func:`scale_rows` / :func:`clip_rows` — ``x_i · s_i`` into a new matrix, one read and one
   write (clipping computes each row's norm and scales the row while it is still in cache);
-* :func:`centred_weighted_sum` — ``v + Σ_i w_i (x_i − v)`` in one read of the rows it
+* :func:`centered_weighted_sum` — ``v + Σ_i w_i (x_i − v)`` in one read of the rows it
   weighs, summed in float64.
 
 The columns (for :func:`clip_rows`, the rows) are split into chunks, several per thread, that
@@ -77,13 +77,13 @@ if njit is not None:
     _REDUCE = {"reassoc", "contract"}
 
     @njit(cache=True, nogil=True, fastmath=_REDUCE)
-    def _sq_dist_columns(x, centre, centred, c0, c1, out):  # pragma: no cover - compiled
+    def _sq_dist_columns(x, center, centered, c0, c1, out):  # pragma: no cover - compiled
         """out[r] = Σ_{c0 ≤ j < c1} (x[r, j] − centre[j])² (centre ignored unless centred)."""
         for r in range(x.shape[0]):
             row = x[r, c0:c1]
             s = 0.0
-            if centred:
-                cen = centre[c0:c1]
+            if centered:
+                cen = center[c0:c1]
                 for j in range(row.shape[0]):
                     t = np.float64(row[j]) - np.float64(cen[j])
                     s += t * t
@@ -153,7 +153,7 @@ if njit is not None:
         o3[j0 + 3] += s33
 
     @njit(cache=True, nogil=True, fastmath=_REDUCE)
-    def _gram_columns(x, centre, centred, buf, zero, c0, c1, out):  # pragma: no cover
+    def _gram_columns(x, center, centered, buf, zero, c0, c1, out):  # pragma: no cover
         """out (upper triangle by 4 x 4 tiles, float64) += Gram matrix of the rows of
         x[:, c0:c1] minus centre, in blocks of buf's width converted to buf's dtype (zero: a 0
         of that dtype); buf has the rows padded to a multiple of 4, the padding rows zero."""
@@ -165,8 +165,8 @@ if njit is not None:
             for r in range(n):
                 src = x[r, j0 : j0 + width]
                 dst = buf[r]
-                if centred:
-                    cen = centre[j0 : j0 + width]
+                if centered:
+                    cen = center[j0 : j0 + width]
                     for k in range(width):
                         dst[k] = src[k] - cen[k]
                 else:
@@ -322,7 +322,7 @@ if njit is not None:
                 row[j] = np.float64(row[j]) * s
 
     @njit(cache=True, nogil=True)
-    def _centred_sum_columns(x, w, v, centred, block, c0, c1, out):  # pragma: no cover
+    def _centered_sum_columns(x, w, v, centered, block, c0, c1, out):  # pragma: no cover
         """out[c0:c1] = v + Σ_r w[r] (x[r] − v) (v = 0 unless centred) over columns
         c0..c1-1, summed in float64; rows of weight 0 are not read."""
         acc = np.empty(block, dtype=np.float64)
@@ -335,7 +335,7 @@ if njit is not None:
                 if wr == 0.0:
                     continue
                 src = x[r, j0 : j0 + width]
-                if centred:
+                if centered:
                     vv = v[j0 : j0 + width]
                     for k in range(width):
                         acc[k] += wr * (np.float64(src[k]) - np.float64(vv[k]))
@@ -343,7 +343,7 @@ if njit is not None:
                     for k in range(width):
                         acc[k] += wr * np.float64(src[k])
             dst = out[j0 : j0 + width]
-            if centred:
+            if centered:
                 vv = v[j0 : j0 + width]
                 for k in range(width):
                     dst[k] = np.float64(vv[k]) + acc[k]
@@ -361,24 +361,24 @@ def _sum_parts(parts: np.ndarray) -> np.ndarray:
     return total
 
 
-def row_sq_norms(updates: Tensor, centre: Tensor | None = None) -> Tensor:
+def row_sq_norms(updates: Tensor, center: Tensor | None = None) -> Tensor:
     """``Σ_j (x_ij − c_j)²`` for every row i (``c = centre`` or 0), float64, on the updates'
     device: differences and sums in float64 (for float32 rows each difference is exact), in one
     pass and no (n, d) intermediate. Rows equal bit for bit get equal values."""
     n, d = updates.shape
-    if centre is not None and centre.shape != (d,):
-        raise ValueError(f"row_sq_norms: centre must have shape ({d},), got {tuple(centre.shape)}")
+    if center is not None and center.shape != (d,):
+        raise ValueError(f"row_sq_norms: center must have shape ({d},), got {tuple(center.shape)}")
     if not _use_kernel(updates):
         diff = updates.to(torch.float64)
-        if centre is not None:
-            diff = diff - centre.to(device=updates.device, dtype=torch.float64)
+        if center is not None:
+            diff = diff - center.to(device=updates.device, dtype=torch.float64)
         return (diff * diff).sum(dim=1)
     x = _as_numpy(updates)
-    c = x[0] if centre is None else _as_numpy(centre.to(updates.dtype))
+    c = x[0] if center is None else _as_numpy(center.to(updates.dtype))
     bounds, threads = split_range(d, 64, _MIN_COLUMNS_PER_THREAD)
     parts = np.zeros((len(bounds) - 1, n), dtype=np.float64)
     run_chunks(
-        lambda t: _sq_dist_columns(x, c, centre is not None, bounds[t], bounds[t + 1], parts[t]),
+        lambda t: _sq_dist_columns(x, c, center is not None, bounds[t], bounds[t + 1], parts[t]),
         len(bounds) - 1,
         threads,
     )
@@ -398,7 +398,7 @@ def use_gram_kernel(updates: Tensor, dtype: torch.dtype) -> bool:
     return _use_kernel(updates) and dtype in (torch.float32, torch.float64) and updates.shape[0] <= _MAX_GRAM_ROWS
 
 
-def gram_float64(updates: Tensor, dtype: torch.dtype, centre: Tensor | None = None) -> Tensor:
+def gram_float64(updates: Tensor, dtype: torch.dtype, center: Tensor | None = None) -> Tensor:
     """``G = (X − 1cᵀ)(X − 1cᵀ)ᵀ`` (``c = centre`` or 0) as a float64 (n, n) tensor, each
     block's dot products accumulated in ``dtype`` over at most :func:`gram_block` columns
     (the centred values rounded to ``dtype``: ``x − c`` computed in the wider of the two) and
@@ -407,7 +407,7 @@ def gram_float64(updates: Tensor, dtype: torch.dtype, centre: Tensor | None = No
     n, d = updates.shape
     x = _as_numpy(updates)
     acc = np.float32 if dtype == torch.float32 else np.float64
-    c = np.zeros(1, dtype=acc) if centre is None else _as_numpy(centre.to(dtype))
+    c = np.zeros(1, dtype=acc) if center is None else _as_numpy(center.to(dtype))
     block = gram_block(n, np.dtype(acc).itemsize)
     bounds, threads = split_range(d, block, _MIN_COLUMNS_PER_THREAD)
     chunks = len(bounds) - 1
@@ -415,7 +415,7 @@ def gram_float64(updates: Tensor, dtype: torch.dtype, centre: Tensor | None = No
     parts = np.zeros((chunks, rows, rows), dtype=np.float64)
     bufs = np.zeros((chunks, rows, block), dtype=acc)  # the padding rows stay zero
     run_chunks(
-        lambda t: _gram_columns(x, c, centre is not None, bufs[t], acc(0), bounds[t], bounds[t + 1], parts[t]),
+        lambda t: _gram_columns(x, c, center is not None, bufs[t], acc(0), bounds[t], bounds[t + 1], parts[t]),
         chunks,
         threads,
     )
@@ -539,7 +539,7 @@ def clip_rows_by_rank(updates: Tensor, rank: int) -> Tensor:
     return torch.from_numpy(out)
 
 
-def centred_weighted_sum(updates: Tensor, weights: Tensor, v: Tensor | None) -> Tensor:
+def centered_weighted_sum(updates: Tensor, weights: Tensor, v: Tensor | None) -> Tensor:
     """``v + Σ_i w_i (x_i − v)`` (``Σ_i w_i x_i`` when ``v`` is None) in the updates' dtype
     (``v`` of that dtype, length d): one read of the rows with non-zero weight, differences and
     sum in float64, rounded once."""
@@ -556,7 +556,7 @@ def centred_weighted_sum(updates: Tensor, weights: Tensor, v: Tensor | None) -> 
     out = np.empty(d, dtype=x.dtype)
     bounds, threads = split_range(d, _SUM_BLOCK, _MIN_COLUMNS_PER_THREAD)
     run_chunks(
-        lambda t: _centred_sum_columns(x, w, vv, v is not None, _SUM_BLOCK, bounds[t], bounds[t + 1], out),
+        lambda t: _centered_sum_columns(x, w, vv, v is not None, _SUM_BLOCK, bounds[t], bounds[t + 1], out),
         len(bounds) - 1,
         threads,
     )

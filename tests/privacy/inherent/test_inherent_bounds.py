@@ -105,7 +105,7 @@ def _release(users, b, *, iso=0.0, wf=None):
     return mean, sum(covs) + len(users) * iso * np.eye(d)
 
 
-def _neighbours(rng, users, c, agg_cov, n_random=6):
+def _neighbors(rng, users, c, agg_cov, n_random=6):
     """(user, record, g') triples: sign flip, extreme eigen-directions of the aggregate, zero,
     and random points on the sphere of radius C."""
     w, u = np.linalg.eigh(agg_cov)
@@ -163,7 +163,7 @@ def test_theorem2_bounds_exact_divergence(b, scale, symmetric):
     lam_used = symmetric_lambda(lam, clip=c, scale=s) if symmetric else lam
     eps = rdp_theorem2(ALPHAS, Lambda=lam_used, clip=c, dataset_size=n, batch_size=b)
     p = _release(users, b)
-    pairs = [(p, _release(_replace(users, i, j, gp), b)) for i, j, gp in _neighbours(rng, users, c, p[1])]
+    pairs = [(p, _release(_replace(users, i, j, gp), b)) for i, j, gp in _neighbors(rng, users, c, p[1])]
     _assert_bound(eps, ALPHAS, pairs)
 
 
@@ -191,7 +191,7 @@ def test_theorem3_bounds_exact_divergence_inside_the_subspace(scale, symmetric):
         return basis.T @ mc[0], basis.T @ mc[1] @ basis
 
     p = _release(users, b)
-    cands = _neighbours(rng, [u @ basis for u in users], c, in_s(p)[1])
+    cands = _neighbors(rng, [u @ basis for u in users], c, in_s(p)[1])
     pairs = [(in_s(p), in_s(_release(_replace(users, i, j, basis @ gp), b))) for i, j, gp in cands]
     _assert_bound(eps, ALPHAS, pairs)
 
@@ -221,7 +221,7 @@ def _random_users(rng, batch_sizes=(1, 2, 4, 8, 16)):
     return users, c, b
 
 
-def _adversarial_neighbours(rng, users, c, agg_cov):
+def _adversarial_neighbors(rng, users, c, agg_cov):
     """(user, record, g′) triples aimed at the bounds' weak spots: the user with the smallest
     λ_min and a random one; the record most aligned with the aggregate's weakest eigen-direction
     (removing it lowers λ_min most) and a random one; g′ = −g, −C·g/‖g‖, ±C·(weakest direction),
@@ -264,7 +264,7 @@ def _check_theorem2_defaults(rounds: int, seed: int) -> dict[str, int]:
         if a.aggregate_rank < a.dim or not finite.any():
             continue  # singular: Theorem 3's case; or no finite bound to check
         p = _release(users, b)
-        pairs = [(p, _release(_replace(users, i, j, gp), b)) for i, j, gp in _adversarial_neighbours(rng, users, c, p[1])]
+        pairs = [(p, _release(_replace(users, i, j, gp), b)) for i, j, gp in _adversarial_neighbors(rng, users, c, p[1])]
         worst = _worst_exact(a.alphas[finite], pairs)
         for k, curve in curves.items():
             ok = np.isfinite(curve[finite])
@@ -296,7 +296,7 @@ def _check_theorem4_default(rounds: int, seed: int) -> dict[str, int]:
         eps = rdp_theorem4(alphas, **kw)
         assert np.all(rdp_theorem4(alphas, reading="conservative", **kw) >= eps)
         p = _release(users, b, wf=s2)
-        pairs = [(p, _release(_replace(users, i, j, gp), b, wf=s2)) for i, j, gp in _adversarial_neighbours(rng, users, c, p[1])]
+        pairs = [(p, _release(_replace(users, i, j, gp), b, wf=s2)) for i, j, gp in _adversarial_neighbors(rng, users, c, p[1])]
         _assert_bound(eps, alphas, pairs)
         checked["theorem4"] += 1
         checked["lifted_some"] += int(eig.min() < s2 < eig.max())
@@ -345,7 +345,7 @@ def test_reviewer_like_round_update_scale_is_vacuous_where_the_eq16_default_is_f
     assert round(new.epsilon["theorem2"], 1) == 3.5
     rng = np.random.default_rng(0)
     p = _release(arrs, 16)
-    cands = _neighbours(rng, arrs, 1.0, p[1], n_random=20)
+    cands = _neighbors(rng, arrs, 1.0, p[1], n_random=20)
     pairs = [(p, _release(_replace(arrs, i, j, gp), 16)) for i, j, gp in cands]
     _assert_bound(new.rdp["theorem2"], new.alphas, pairs)
 
@@ -376,7 +376,7 @@ def test_theorem4_bounds_exact_divergence_with_wf_na(reading):
     s2 = float(np.median(np.concatenate([np.linalg.eigvalsh(u.T @ u / (b * n)) for u in users])))
     eps = rdp_theorem4(ALPHAS, num_users=n_users, sigma2=s2, clip=c, dataset_size=n, batch_size=b, reading=reading)
     p = _release(users, b, wf=s2)
-    cands = _neighbours(rng, users, c, p[1], n_random=30)
+    cands = _neighbors(rng, users, c, p[1], n_random=30)
     pairs = [(p, _release(_replace(users, i, j, gp), b, wf=s2)) for i, j, gp in cands]
     _assert_bound(eps, ALPHAS, pairs)
 
@@ -407,11 +407,11 @@ def test_gsgd_isotropic_row_bounds_exact_divergence():
     users = [_clipped(rng, n, d, c) for _ in range(n_users)]
     eps = rdp_table1("gsgd+isotropic", ALPHAS, num_users=n_users, sigma2=s2, clip=c, dataset_size=n, batch_size=b)
     p = _release(users, b, iso=s2)
-    pairs = [(p, _release(_replace(users, i, j, gp), b, iso=s2)) for i, j, gp in _neighbours(rng, users, c, p[1])]
+    pairs = [(p, _release(_replace(users, i, j, gp), b, iso=s2)) for i, j, gp in _neighbors(rng, users, c, p[1])]
     _assert_bound(eps, ALPHAS, pairs)
 
 
-def test_gd_and_sgd_rows_are_the_exact_gaussian_divergence_of_the_worst_neighbour():
+def test_gd_and_sgd_rows_are_the_exact_gaussian_divergence_of_the_worst_neighbor():
     n_users, n, b, c, s2, d = 4, 20, 5, 1.0, 0.3, 3
     e = np.eye(d)
     cov = n_users * s2 * e

@@ -75,7 +75,7 @@ def test_encode_refuses_non_finite():
 def test_share_threshold(threshold, n, k, t):
     graph = "complete" if k is None and n <= 10 else "k_regular"
     cfg = SecAggConfig(threshold=threshold, graph=graph, k=k)
-    g = cfg.num_neighbours(n) + 1
+    g = cfg.num_neighbors(n) + 1
     assert cfg.share_threshold(n) == t
     assert t > threshold * g if isinstance(threshold, float) else t == threshold
 
@@ -90,8 +90,8 @@ def test_default_k_is_logarithmic_and_even():
     for n in range(2, 3000, 37):
         assert default_k(n) % 2 == 0 and default_k(n) <= 2 * math.log2(n) + 2
     cfg = SecAggConfig(graph="k_regular")
-    assert cfg.num_neighbours(100) == 14
-    assert cfg.num_neighbours(6) == 5 and cfg.is_complete(6)  # k >= n - 1: complete
+    assert cfg.num_neighbors(100) == 14
+    assert cfg.num_neighbors(6) == 5 and cfg.is_complete(6)  # k >= n - 1: complete
 
 
 @pytest.mark.parametrize(

@@ -110,7 +110,7 @@ def test_seeded_keys_and_k_regular_graph():
     a = SecAggProtocol(cfg, key_seed=1).aggregate(msgs, mean_pipe(), ctx(n))
     b = SecAggProtocol(cfg).aggregate(msgs, mean_pipe(), ctx(n))
     assert torch.equal(a.vector, b.vector)  # masks cancel exactly whatever the keys
-    assert a.metrics["secagg_neighbours"] == 6 and a.metrics["secagg_threshold"] == 4
+    assert a.metrics["secagg_neighbors"] == 6 and a.metrics["secagg_threshold"] == 4
     # SecAgg+ uploads O(k) shares, not O(n)
     full = SecAggProtocol(SecAggConfig()).aggregate(msgs, mean_pipe(), ctx(n))
     assert a.cost["bytes_up"] < full.cost["bytes_up"]

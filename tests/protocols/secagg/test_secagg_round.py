@@ -77,7 +77,7 @@ def test_exact_sum_of_survivors_with_dropouts(pattern, graph, k, bits):
     clipped_mean = np.mean([np.clip(inputs[c], -1, 1) for c in expected_survivors], axis=0)
     assert np.abs(out.mean() - clipped_mean).max() <= cfg.quantization_error_bound(16) * 1.000001
     assert out.rejected == []
-    assert out.neighbours == (15 if graph == "complete" else 8)
+    assert out.neighbors == (15 if graph == "complete" else 8)
 
 
 @pytest.mark.parametrize(

@@ -230,7 +230,7 @@ def test_a_client_advertising_a_small_order_key_is_dropped_and_the_round_complet
     assert err.sender == bad and err.field == field and "small-order" in str(err)
 
 
-def test_a_client_leaves_out_a_neighbour_whose_relayed_key_has_small_order():
+def test_a_client_leaves_out_a_neighbor_whose_relayed_key_has_small_order():
     """Defence in depth: a server that relays a small-order key anyway (to client 0, in place of
     client 2's) does not make client 0 abort; it leaves client 2 out of its share group, says
     why, and the round completes for everyone else."""

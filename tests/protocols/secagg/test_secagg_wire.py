@@ -343,7 +343,7 @@ def test_out_of_order_duplicate_replay_and_misaddressed_messages_name_sender_and
     assert all(isinstance(e, SecAggError) for e in server.rejected)
 
 
-def test_server_refuses_shares_for_the_wrong_neighbours_and_key_reuse():
+def test_server_refuses_shares_for_the_wrong_neighbors_and_key_reuse():
     server, _, _ = parties_at(0)
     _, up = TRAFFIC["semi_honest", 0]
     (s0, a0), (s1, a1), _ = up

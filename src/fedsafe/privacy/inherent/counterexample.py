@@ -67,8 +67,8 @@ def counterexample_four_users(
     new_record[:head] = torch.randn(head, generator=gen, dtype=torch.float64)
     new_record[last] = 1.0
     new_record = clip_rows(new_record[None, :], clip)[0]
-    neighbour = [g.clone() for g in original]
-    neighbour[3][0] = new_record
+    neighbor = [g.clone() for g in original]
+    neighbor[3][0] = new_record
 
     def released(users: list[torch.Tensor], noise: str) -> torch.Tensor:
         sig = float(np.sqrt(sigma2)) if noise != "none" else 0.0
@@ -79,7 +79,7 @@ def counterexample_four_users(
 
     def distinguish(noise: str) -> tuple[np.ndarray, np.ndarray, float]:
         says_d = np.array([bool(released(original, noise)[last] != 0) for _ in range(trials)])
-        says_dp = np.array([bool(released(neighbour, noise)[last] != 0) for _ in range(trials)])
+        says_dp = np.array([bool(released(neighbor, noise)[last] != 0) for _ in range(trials)])
         acc = (np.count_nonzero(~says_d) + np.count_nonzero(says_dp)) / (2 * trials)
         return says_d, says_dp, float(acc)
 
@@ -92,7 +92,7 @@ def counterexample_four_users(
         original, mechanism="gsgd", noise="wf_na", sigma2=sigma2, batch_size=batch_size, clip=clip, delta=delta
     )
     return {
-        "datasets": {"D": original, "D_prime": neighbour},
+        "datasets": {"D": original, "D_prime": neighbor},
         "changed": {"user": 3, "record": 0, "gradient": new_record},
         "decisions": {"D": dec_d, "D_prime": dec_dp},
         "accuracy": acc,

@@ -154,7 +154,7 @@ class ClientParty:
     def _on_setup(self, h: Header, b: Setup) -> None:
         # The client's own check of the announced threshold: a server must not be able to lower
         # it to half of the group, from which it could rebuild both secrets of one client.
-        g = len(b.neighbours) + 1
+        g = len(b.neighbors) + 1
         if b.threshold < min_threshold(g):
             raise self._abort(
                 f"announced threshold {b.threshold} is at most half of its share group of {g}; "
@@ -162,7 +162,7 @@ class ClientParty:
             )
         self.session = h.session
         self.params = b
-        self.neighbours = frozenset(b.neighbours)
+        self.neighbors = frozenset(b.neighbors)
         self._c_key = crypto.new_private_key(self.rand)
         self._s_key = crypto.new_private_key(self.rand)
         self._seed = self.rand.bytes(shamir.SECRET_BYTES)
@@ -182,7 +182,7 @@ class ClientParty:
         enc: dict[int, bytes] = {}  # the share-encryption key of each neighbour, agreed once
         seen_pks = {self._c_pk, self._s_pk}
         for i, (v, c_pk, s_pk, *sig) in enumerate(b.entries):
-            if v not in self.neighbours:
+            if v not in self.neighbors:
                 raise SecAggError(f"client {v} is not a neighbour", sender="server", field=f"entries[{i}].id")
             if self.identity is not None:
                 self._check_advertisement(i, v, c_pk, s_pk, sig[0])

@@ -185,7 +185,7 @@ class SecAggConfig(RenamingSection):
 
     # --- numbers for a round of n participants ------------------------------------------------
 
-    def num_neighbours(self, n: int) -> int:
+    def num_neighbors(self, n: int) -> int:
         """Neighbours per client among ``n`` participants (``n - 1`` for the complete graph)."""
         _check_n(n)
         if self.graph == "complete":
@@ -194,11 +194,11 @@ class SecAggConfig(RenamingSection):
         return min(k, n - 1)
 
     def is_complete(self, n: int) -> bool:
-        return self.num_neighbours(n) >= n - 1
+        return self.num_neighbors(n) >= n - 1
 
     def share_threshold(self, n: int) -> int:
         """Shares ``t`` needed to rebuild a secret, for share groups of ``k + 1`` (or ``n``)."""
-        k = self.num_neighbours(n)
+        k = self.num_neighbors(n)
         g = k + 1
         if isinstance(self.threshold, int):
             t = self.threshold

@@ -259,7 +259,7 @@ class SecAggProtocol:
             "secagg_dropouts": float(n - len(out.survivors)),
             "excluded_nonfinite": float(nonfinite),
             "secagg_threshold": float(out.threshold),
-            "secagg_neighbours": float(out.neighbours),
+            "secagg_neighbors": float(out.neighbors),
             "secagg_quant_bits": float(out.quant_bits),
             "secagg_quant_error_bound": max(out.ranges.steps(out.quant_bits)) / 2 + 4.0 * 2.0**-52 * out.ranges.max_abs(),
             "secagg_rejected": float(len(out.rejected)),

@@ -97,7 +97,7 @@ class ServerParty:
         self.bits = config.bits
         self.quant_bits = config.effective_quant_bits(n)
         self.threshold = config.share_threshold(n)
-        self.k = config.num_neighbours(n)
+        self.k = config.num_neighbors(n)
         if self.k >= n - 1:
             self.graph = complete_graph(ids)
         else:

@@ -37,7 +37,7 @@ class RoundOutcome:
     quant_bits: int
     ranges: fixedpoint.Ranges  # the encoding the server announced
     threshold: int
-    neighbours: int
+    neighbors: int
     dropped: dict[str, tuple[int, ...]]  # offline from this stage on (simulated)
     aborted_clients: tuple[int, ...]  # clients that stopped by their own checks
     stage_seconds: dict[str, float]  # wall time of each stage, all parties
@@ -169,7 +169,7 @@ def run_round(
         quant_bits=server.quant_bits,
         ranges=server.ranges,
         threshold=server.threshold,
-        neighbours=server.k,
+        neighbors=server.k,
         dropped=dropped,
         aborted_clients=tuple(c for c in ids if clients[c].abort_reason is not None),
         stage_seconds=stage_seconds,

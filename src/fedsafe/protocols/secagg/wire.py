@@ -112,7 +112,7 @@ class Setup:
     quant_bits: int
     threshold: int
     ranges: tuple[tuple[int, float, float], ...]  # (length, lo, hi) per run of coordinates
-    neighbours: tuple[int, ...]
+    neighbors: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -229,7 +229,7 @@ def _ids(ids: tuple[int, ...]) -> bytes:
 def _encode_body(b: Body) -> bytes:
     if isinstance(b, Setup):
         runs = struct.pack("!H", len(b.ranges)) + b"".join(struct.pack("!Idd", n, lo, hi) for n, lo, hi in b.ranges)
-        return struct.pack("!IBBH", b.dim, b.bits, b.quant_bits, b.threshold) + runs + _ids(b.neighbours)
+        return struct.pack("!IBBH", b.dim, b.bits, b.quant_bits, b.threshold) + runs + _ids(b.neighbors)
     if isinstance(b, Advertise):
         return b.c_pk + b.s_pk
     if isinstance(b, Keys):
