@@ -59,6 +59,7 @@ MARKER = ".fedsafe-run"
 RUN_FILES = frozenset({
     MARKER, CONFIG, METRICS, SUMMARY, CHECKPOINT, CHECKPOINT_TMP, MODEL, MODEL_META,
     "audit_cosines.npz", "audit_final.png", "audit_all.png",
+    "crfl_certificate.csv",  # CRFL's per-input certificate (fedsafe.robust.crfl)
 })
 #: A run directory: RUN_FILES, variants (run directories) and reports written into it.
 RUN = OutputKind("run", MARKER, RUN_FILES, children=(REPORT,), nests=True)

@@ -20,7 +20,9 @@ The strategy then does what fedsafe's server does, on those models:
 - audit canaries (``[audit]``, with DP) are inserted into the aggregate and tracked, and the
   one-shot ε estimate is written at the end;
 - the server step is ``global + server_lr · aggregate`` (``server_lr = 1``: FedAvg's), with
-  optional server momentum;
+  optional server momentum; with ``[crfl]`` the new global model is then clipped to ρ_t and
+  perturbed (``crfl.certify = false``: certifying needs the model and test data, which the
+  strategy does not hold);
 - every round appends a fedsafe metrics row to ``out_dir/metrics.jsonl`` (and ``rows``), and
   the last one writes ``summary.json``; ``aggregate_train`` also returns the row's numbers as
   its ``MetricRecord``, next to your clients' averaged train metrics.
@@ -121,6 +123,12 @@ class FedsafeStrategy(_flwr_fedavg()):  # type: ignore[misc]
     @staticmethod
     def _check(cfg: ExperimentConfig) -> ExperimentConfig:
         problems = config_problems(cfg)  # fedsafe.flower.check: what `fedsafe check --flower-strategy` says
+        if cfg.crfl.enabled and cfg.crfl.certify:  # the clip and noise run here; certifying needs the model and test data
+            problems.append(
+                "crfl.certify: FedsafeStrategy holds neither the model nor test data, so it cannot certify the "
+                "smoothed model; set crfl.certify = false (each round's clipping and noise still run), or use "
+                "fedsafe's own ServerApp (fedsafe.flower.server_app), which certifies"
+            )
         if problems:
             raise ConfigError(problems)
         return cfg
@@ -214,7 +222,7 @@ class FedsafeStrategy(_flwr_fedavg()):  # type: ignore[misc]
         from fedsafe.core.randomness import privacy_stamp
         from fedsafe.core.types import RoundContext
         from fedsafe.engine.metrics import summarize, write_summary
-        from fedsafe.engine.round import aggregate_and_step, end_round, plugin_summary
+        from fedsafe.engine.round import aggregate_and_step, end_round, finish_step, plugin_summary
 
         rd = self._round
         if rd.get("round") != server_round:
@@ -265,6 +273,7 @@ class FedsafeStrategy(_flwr_fedavg()):  # type: ignore[misc]
         def step(direction: torch.Tensor) -> None:
             nonlocal new
             new, self._buf = self.server.step(flat, direction, self._buf)
+            new = finish_step(self.plan, new, server_round)  # the model stage: CRFL's clip and noise
 
         if len(honest) == 0:
             skip: str | None = "no usable reply"
