@@ -93,17 +93,26 @@ class SecretStream:
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         count = math.prod(shape)
         out = torch.empty(count, dtype=dtype)
-        buf = bytearray(32 * min(_NORMAL_CHUNK + 1, count + 1))
+        cap = min(_NORMAL_CHUNK + 1, count + 1) // 2  # pairs per row of the largest chunk
+        buf = bytearray(64 * cap)
+        top = np.empty(8 * cap, dtype=np.uint64)
+        u = torch.empty(8 * cap, dtype=torch.float64)
+        trig = torch.empty(4 * cap, dtype=torch.float64)
         for s in range(0, count, _NORMAL_CHUNK):
             m = min(_NORMAL_CHUNK, count - s)
             h = (m + 1) // 2
-            n = 64 * h  # bytes: 8h words
-            self._enc.update_into(memoryview(_ZEROS)[:n], buf)
-            u = torch.from_numpy(self._to_uniform(np.frombuffer(buf, dtype="<u8", count=8 * h))).view(2, 4, h)
-            r = u[0].log_().mul_(-2.0).sqrt_()
-            theta = u[1].mul_(2.0 * math.pi)
-            out[s : s + h] = torch.cos(theta).mul_(r).sum(dim=0).mul_(0.5)
-            out[s + h : s + m] = theta.sin_().mul_(r).sum(dim=0)[: m - h].mul_(0.5)
+            self._enc.update_into(memoryview(_ZEROS)[: 64 * h], buf)
+            k = np.right_shift(np.frombuffer(buf, dtype="<u8", count=8 * h), np.uint64(11), out=top[: 8 * h])
+            # fl(k + 0.5): the uniform (k + 0.5)·2⁻⁵³ before its exact power-of-two scaling, which
+            # the next operation of each half folds in (bit for bit the same float64 values):
+            v = u[: 8 * h].copy_(torch.from_numpy(k.view(np.int64))).add_(0.5).view(2, 4, h)  # k < 2⁵³: exact
+            # ½r = ½·sqrt(-2 ln u) = sqrt(-½ ln u) (exact: power-of-two factors commute with
+            # correctly rounded sqrt), so the outputs' final halving is folded in here.
+            r = v[0].mul_(2.0**-53).log_().mul_(-0.5).sqrt_()
+            theta = v[1].mul_(2.0 * math.pi * 2.0**-53)  # fl(fl(u)·fl(2π)): 2⁻⁵³ is exact
+            c = torch.cos(theta, out=trig[: 4 * h].view(4, h))
+            out[s : s + h] = c.mul_(r).sum(dim=0)
+            out[s + h : s + m] = theta.sin_().mul_(r).sum(dim=0)[: m - h]
         return out.view(shape)
 
 

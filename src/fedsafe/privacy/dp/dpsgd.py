@@ -265,10 +265,10 @@ def _layer_pieces(layer: HookLayer, a: Tensor, g: Tensor) -> tuple[str, Tensor, 
     e = a.shape[0]
     m = layer.module
     if type(m) is nn.Linear and a.ndim == 2:
-        ga = g.square().sum(dim=1)
-        sq = a.square().sum(dim=1) * ga
+        ga = torch.linalg.vector_norm(g, dim=1).square_()
+        sq = torch.linalg.vector_norm(a, dim=1).square_().mul_(ga)
         if layer.bias is not None:
-            sq = sq + ga
+            sq.add_(ga)
         return "outer", a, g, sq
     if type(m) is nn.Linear:
         gs = g.reshape(e, -1, g.shape[-1])
@@ -279,9 +279,9 @@ def _layer_pieces(layer: HookLayer, a: Tensor, g: Tensor) -> tuple[str, Tensor, 
         pe = torch.bmm(gs, u.transpose(1, 2))
         gs = gs.transpose(1, 2)
     gb = gs.sum(dim=1)
-    sq = pe.flatten(1).square().sum(dim=1)
+    sq = torch.linalg.vector_norm(pe.flatten(1), dim=1).square_()
     if layer.bias is not None:
-        sq = sq + gb.square().sum(dim=1)
+        sq.add_(torch.linalg.vector_norm(gb, dim=1).square_())
     return "each", pe.flatten(1), gb, sq
 
 
