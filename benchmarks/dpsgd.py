@@ -2,19 +2,26 @@
 
 A client's local step on a batch of B = 25 MNIST-shaped records (1x28x28), on the models of the
 papers' MNIST experiments (``fedsafe.models``: SABLE's MLP 784-100-10, d = 79,510; SABLE's
-Fashion-MNIST CNN, d = 431,080). Four methods, run interleaved in one process so that load from
-other processes hits them alike (median over repeats, one thread):
+Fashion-MNIST CNN, d = 431,080). The methods run interleaved call for call in one process, so
+that load from other processes hits them alike (one thread):
 
 - ``plain``: fedsafe's non-private client gradient (``VectorizedBackend.gradients`` on the
   client's minibatch, what a ``dsgd`` / ``fedavg`` step computes);
 - ``dpsgd``: fedsafe's DP-SGD gradient (``fedsafe.privacy.dp.dpsgd.DPSGDClients``: record sample,
-  per-example ``vmap(grad)``, clip, noise, ÷B), with seeded noise (``torch.randn``, as Opacus's
-  default) and with the secret ChaCha20 noise a run uses by default (``dpsgd_secure``);
+  per-example clipped sums — the hook path, ``method = "auto"`` — noise, ÷B) with seeded noise
+  (``torch.randn``, as Opacus's default), and ``dpsgd_secure`` with the secret ChaCha20 noise a
+  run uses by default (four float64 Box–Muller draws per normal);
+- ``dpsgd_vmap``: the same step, seeded noise, with the per-example ``vmap(grad)`` path
+  (``method = "vmap"``: what every model got before the hook path; the reference the hook path
+  is tested against);
 - ``opacus``: Opacus 1.6's ``GradSampleModule`` + ``DPOptimizer.pre_step`` (per-sample
   gradients by hooks, clip, ``torch.normal`` noise, ÷B) on the same model and batch, noise not
   in ``secure_mode`` (skipped when opacus is not installed).
 
-The targets (issue #29): ``dpsgd`` ≤ 2× ``plain`` and ≤ ``opacus``.
+Each repeat times ``inner`` steps of every method in turn; a ratio (``X_over_plain``,
+``X_over_opacus``) is the median over repeats of the ratio within the repeat (paired, so a
+load change between repeats cancels); ``ms`` are the medians of the per-step times. The
+targets (issue #29): ``dpsgd`` and ``dpsgd_secure`` ≤ 2× ``plain`` and ≤ ``opacus``.
 
     OMP_NUM_THREADS=1 python benchmarks/dpsgd.py [--repeats 15] [--models mlp cnn_fmnist] [--quick]
         [--out benchmarks/results/dpsgd.json]
@@ -106,7 +113,8 @@ def bench_model(name: str, hidden: int, shape: tuple[int, ...], batch: int, reco
             oracle(work, 1, state["step"], params, ids)
         return run
 
-    methods = {"plain": plain, "dpsgd": private(seeded), "dpsgd_secure": private(secure)}
+    vmap = dpsgd.DPSGDClients(settings, RandomSource.seeded(0), [records], method="vmap")
+    methods = {"plain": plain, "dpsgd": private(seeded), "dpsgd_secure": private(secure), "dpsgd_vmap": private(vmap)}
     if GradSampleModule is not None:
         gsm = GradSampleModule(copy.deepcopy(model))
         opt = DPOptimizer(torch.optim.SGD(gsm.parameters(), lr=0.0), noise_multiplier=1.0, max_grad_norm=1.0,
@@ -119,7 +127,7 @@ def bench_model(name: str, hidden: int, shape: tuple[int, ...], batch: int, reco
             opt.zero_grad(set_to_none=True)
 
         methods["opacus"] = opacus
-    for fn in methods.values():  # warm up (vmap tracing, allocator)
+    for fn in methods.values():  # warm up (vmap tracing, the hook path's one-time check, allocator)
         fn()
         fn()
     times: dict[str, list[float]] = {k: [] for k in methods}
@@ -127,11 +135,17 @@ def bench_model(name: str, hidden: int, shape: tuple[int, ...], batch: int, reco
         for k, fn in methods.items():
             times[k].append(_median_ms(fn, 1, inner))
     ms = {k: statistics.median(v) for k, v in times.items()}
+
+    def ratio(a: str, b: str) -> float:  # median of the per-repeat ratios
+        return statistics.median(x / y for x, y in zip(times[a], times[b]))
+
     res = {"model": name, "hidden": hidden, "input": list(shape), "dim": layout.dim, "batch": batch, "ms": ms,
-           "dpsgd_over_plain": ms["dpsgd"] / ms["plain"], "dpsgd_secure_over_plain": ms["dpsgd_secure"] / ms["plain"]}
+           "method": "hooks" if dpsgd.hook_layers(model, layout) is not None else "vmap"}
+    for k in ("dpsgd", "dpsgd_secure", "dpsgd_vmap"):
+        res[f"{k}_over_plain"] = ratio(k, "plain")
     if "opacus" in ms:
-        res["dpsgd_over_opacus"] = ms["dpsgd"] / ms["opacus"]
-        res["dpsgd_secure_over_opacus"] = ms["dpsgd_secure"] / ms["opacus"]
+        for k in ("dpsgd", "dpsgd_secure", "dpsgd_vmap"):
+            res[f"{k}_over_opacus"] = ratio(k, "opacus")
     return res
 
 
@@ -165,15 +179,20 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
-    head = f"\n{'model':<12}{'d':>9}{'B':>4}{'plain ms':>10}{'dpsgd ms':>10}{'secure ms':>11}{'opacus ms':>11}"
-    print(head + f"{'dp/plain':>10}{'dp/opacus':>11}{'sec/plain':>11}")
+    head = (f"\n{'model':<12}{'d':>9}{'B':>4}{'plain ms':>10}{'dpsgd ms':>10}{'secure ms':>11}{'vmap ms':>9}"
+            f"{'opacus ms':>11}{'dp/plain':>10}{'sec/plain':>11}{'dp/opacus':>11}{'sec/opacus':>12}{'vmap/plain':>12}")
+    print(head)
     for r in rows:
         ms = r["ms"]
         op = ms.get("opacus")
-        vs = f"{r['dpsgd_over_opacus']:.2f}" if op else "-"
+
+        def f(key: str, width: int) -> str:
+            return f"{r[key]:>{width}.2f}" if key in r else f"{'-':>{width}}"
+
         print(f"{r['model']:<12}{r['dim']:>9}{r['batch']:>4}{ms['plain']:>10.2f}{ms['dpsgd']:>10.2f}"
-              f"{ms['dpsgd_secure']:>11.2f}{(f'{op:.2f}' if op else '-'):>11}{r['dpsgd_over_plain']:>10.2f}"
-              f"{vs:>11}{r['dpsgd_secure_over_plain']:>11.2f}")
+              f"{ms['dpsgd_secure']:>11.2f}{ms['dpsgd_vmap']:>9.2f}{(f'{op:.2f}' if op else '-'):>11}"
+              f"{f('dpsgd_over_plain', 10)}{f('dpsgd_secure_over_plain', 11)}{f('dpsgd_over_opacus', 11)}"
+              f"{f('dpsgd_secure_over_opacus', 12)}{f('dpsgd_vmap_over_plain', 12)}")
     print(f"load average before/after: {load_before} / {report['environment']['loadavg_after']} -> {args.out}")
 
 
