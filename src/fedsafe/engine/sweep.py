@@ -56,11 +56,12 @@ from fedsafe.engine.run import CONFIG, RUN, describe_os_error, is_run_dir, prepa
 SWEEP_CSV = "sweep.csv"
 SEEDS_CSV = "sweep_seeds.csv"
 BEST_CSV = "best_worst_case.csv"
+WORST_CSV = "worst_case.csv"
 GRID_JSON = "grid.json"
 SWEEP_MARKER = ".fedsafe-sweep"
 #: Every file fedsafe writes at the top of a sweep folder (the CLI's figures included).
 SWEEP_FILES = frozenset({
-    SWEEP_MARKER, GRID_JSON, SWEEP_CSV, SEEDS_CSV, BEST_CSV, "best_worst_case.png", "heatmap.png", "heatmap_asr.png",
+    SWEEP_MARKER, GRID_JSON, SWEEP_CSV, SEEDS_CSV, BEST_CSV, WORST_CSV, "best_worst_case.png", "heatmap.png", "heatmap_asr.png",
 })
 
 
@@ -454,8 +455,9 @@ def run_sweep(
     on_progress: Callable[[Tick], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Run every cell ``seeds`` times (reusing finished runs unless ``overwrite``); write
-    ``sweep.csv`` (one row per cell: mean and sd over seeds) and ``sweep_seeds.csv`` (one row
-    per run); return the cell records. ``out_dir`` must be empty, new, or a sweep folder fedsafe
+    ``sweep.csv`` (one row per cell: mean and sd over seeds), ``sweep_seeds.csv`` (one row
+    per run) and ``worst_case.csv`` (one row per setting: its worst case over the attack axes,
+    :func:`worst_case`); return the cell records. ``out_dir`` must be empty, new, or a sweep folder fedsafe
     wrote (see :func:`sweep_folder`). ``on_cell(cell, result)`` is called after each run,
     ``on_progress(tick)`` at the start and after each run."""
     reps = replicates(cell_configs(base_raw, grid), seeds)
@@ -505,7 +507,8 @@ def _run_sweep(
         tick(rep, res)
 
     tick(None, {})
-    threads = 1 if jobs > 1 else max(1, os.cpu_count() or 1)
+    # One thread per parallel cell; in one process, the caller's torch setting (OMP_NUM_THREADS=1 keeps it at one)
+    threads = 1 if jobs > 1 else max(1, torch.get_num_threads())
     args = [(rep.cfg.to_toml(), str(where[(rep.cell.dirname, rep.seed)]), threads) for rep in pending]
     if jobs > 1 and len(pending) > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
@@ -540,6 +543,7 @@ def _run_sweep(
     write_sweep_csv(out_dir / SWEEP_CSV, list(grid), records)
     _write_csv(out_dir / SEEDS_CSV, [*grid, "seed", "final_accuracy", "best_accuracy", "final_attack_success_rate",
                                      "not_applicable", "dir"], runs)
+    write_worst_case_csv(out_dir / WORST_CSV, split_axes(list(grid)), worst_case(records, list(grid)))
     return records
 
 
@@ -663,4 +667,61 @@ def write_best_worst_case_csv(path: Path, axes: Axes, rows: list[dict[str, Any]]
     """One row per group: its keys, the chosen hyper-parameters, then ``BEST_COLUMNS``
     (``settings`` counts the settings that ran under every attack)."""
     _write_csv(path, [*axes.group, *axes.hyper, *BEST_COLUMNS], rows)
+    return Path(path)
+
+
+# --- worst case over attacks, per setting ----------------------------------------------------
+
+
+def worst_case(records: Sequence[dict[str, Any]], keys: Sequence[str], per: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Per setting (each combination of the grid axes that are not attacks: the rule, f,
+    ``--per`` keys and the hyper-parameters such as ``robust.pre``), its worst case over the
+    attack combinations (the ``attack.*`` axes other than ``attack.f``).
+
+    ``worst_accuracy`` is the lowest mean final accuracy over the attacks that produced one,
+    ``worst_asr`` the highest mean final attack success rate over those that measured one (the
+    backdoors); each comes with the sd over seeds of the cell that attains it and its attack
+    (the first in grid order on ties). ``attacks`` and ``asr_attacks`` count the attacks behind
+    each; ``missing`` names the attacks under which the setting has no accuracy (not applicable
+    or not run), which the worst case therefore does not cover. A grid without an attack axis
+    has one attack combination, the base config's.
+    """
+    axes = split_axes(keys, per)
+    attacks = combos(records, axes.attack)
+    rows = []
+    for setting in combos(records, [*axes.group, *axes.hyper]):
+        acc: list[tuple[float, dict[str, Any], dict[str, Any]]] = []
+        asr: list[tuple[float, dict[str, Any], dict[str, Any]]] = []
+        missing = []
+        for attack in attacks:
+            hit = next((r for r in records if matches(r, setting) and matches(r, attack)), None)
+            if hit is None or hit.get("final_accuracy") is None:
+                missing.append(label(attack) or "the base attack")
+            else:
+                acc.append((hit["final_accuracy"], attack, hit))
+            if hit is not None and hit.get("final_attack_success_rate") is not None:
+                asr.append((hit["final_attack_success_rate"], attack, hit))
+        row: dict[str, Any] = {**setting, "attacks": len(acc), "asr_attacks": len(asr), "missing": "; ".join(missing)}
+        if acc:
+            a, attack, hit = min(acc, key=lambda t: t[0])  # min/max keep the first of equals
+            row.update(worst_accuracy=a, worst_accuracy_sd=hit.get("final_accuracy_sd"),
+                       worst_accuracy_attack=label(attack))
+        else:
+            row.update(worst_accuracy=None, worst_accuracy_sd=None, worst_accuracy_attack="")
+        if asr:
+            a, attack, hit = max(asr, key=lambda t: t[0])
+            row.update(worst_asr=a, worst_asr_sd=hit.get("final_attack_success_rate_sd"), worst_asr_attack=label(attack))
+        else:
+            row.update(worst_asr=None, worst_asr_sd=None, worst_asr_attack="")
+        rows.append(row)
+    return rows
+
+
+WORST_COLUMNS = ("worst_accuracy", "worst_accuracy_sd", "worst_accuracy_attack", "attacks",
+                 "worst_asr", "worst_asr_sd", "worst_asr_attack", "asr_attacks", "missing")
+
+
+def write_worst_case_csv(path: Path, axes: Axes, rows: list[dict[str, Any]]) -> Path:
+    """One row per setting (:func:`worst_case`): its grid values, then ``WORST_COLUMNS``."""
+    _write_csv(path, [*axes.group, *axes.hyper, *WORST_COLUMNS], rows)
     return Path(path)

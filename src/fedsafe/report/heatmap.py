@@ -2,6 +2,9 @@
 and optionally a worst-case panel (the minimum over those axes, e.g. over attacks); and the
 figure of each rule's best hyper-parameters under the worst attack.
 
+With the worst case asked for and attacks as the columns, every panel also ends in a column
+"worst case": per row, the worst of its cells (the same as the sweep's ``worst_case.csv``).
+
 A cell shows its final accuracy in percent, ``mean ± sd`` when it ran with several seeds, and
 ``n/a`` on grey where it could not run. Each label is black or white, whichever contrasts more
 with the colour under it (WCAG relative luminance), so every label stays readable.
@@ -20,7 +23,7 @@ from matplotlib.axes import Axes as MplAxes
 from matplotlib.colors import Normalize, to_rgb
 from matplotlib.figure import Figure
 
-from fedsafe.engine.sweep import Axes, canonical, combos, format_value, label, matches
+from fedsafe.engine.sweep import Axes, canonical, combos, format_value, label, matches, split_axes
 from fedsafe.report.runs import ReportError
 
 NA_COLOUR = "#d0d0d0"  # light grey: n/a cells must not vanish into the white figure
@@ -94,6 +97,17 @@ def _draw(
     return im
 
 
+WORST_LABEL = "worst case"
+
+
+def worst_column(m: np.ndarray, sd: np.ndarray, higher_better: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``m``, its worst cell (the lowest if higher is better, else the highest; the
+    first of equals; NaN cells skipped) and that cell's ``sd``; NaN for a row without a value."""
+    filled = np.where(np.isnan(m), np.inf if higher_better else -np.inf, m)
+    at = (filled.argmin(axis=1) if higher_better else filled.argmax(axis=1))[:, None]
+    return np.take_along_axis(m, at, 1)[:, 0], np.take_along_axis(sd, at, 1)[:, 0]
+
+
 #: What a sweep heatmap can show: key -> (title, colour-bar label, higher is better, measured
 #: only by some cells: the grid then keeps just the rows and columns where it was measured).
 METRICS = {
@@ -113,7 +127,9 @@ def figure_sweep(
 ) -> Figure:
     """One panel per combination of the other grid keys (plus the worst case over them with
     ``worst_case``) of ``metric`` (``METRICS``: the final accuracy, or a backdoor's final attack
-    success rate, whose worst case is the highest). Cells show mean ± sd over seeds."""
+    success rate, whose worst case is the highest). Cells show mean ± sd over seeds. With
+    ``worst_case`` and an attack axis as ``cols``, each panel ends in a "worst case" column:
+    per row, its worst cell (:func:`worst_column`)."""
     if metric not in METRICS:
         raise ReportError(f"unknown heatmap metric {metric!r}; valid: {', '.join(METRICS)}")
     label, bar, higher_better, partial = METRICS[metric]
@@ -131,7 +147,11 @@ def figure_sweep(
     panels = [(dict(zip(rest, combo)), None) for combo in itertools.product(*rest_vals)]
     if worst_case and rest:
         panels.append(({}, "worst case over " + ", ".join(rest)))
-    fig = Figure(figsize=(4.2 * len(panels), 0.5 * 8 + 1.0), layout="constrained")
+    worst_col = worst_case and cols in split_axes(keys).attack  # a last column: each row's worst attack
+    n_rows = len(_unique(r[rows] for r in records))
+    n_cols = len(_unique(r[cols] for r in records)) + worst_col
+    fig = Figure(figsize=(max(4.2, 0.8 * n_cols + 1.5) * len(panels), max(0.5 * 8, 0.45 * n_rows) + 1.0),
+                 layout="constrained")
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     for ax, (fixed, title) in zip(axes, panels):
         if title is None:
@@ -148,6 +168,9 @@ def figure_sweep(
             at = worst.argmin(axis=0)[None]
             m = np.take_along_axis(means, at, 0)[0]
             sd = np.take_along_axis(sds, at, 0)[0]
+        if worst_col:
+            w, w_sd = worst_column(m, sd, higher_better)
+            m, sd, col_vals = np.column_stack([m, w]), np.column_stack([sd, w_sd]), [*col_vals, WORST_LABEL]
         im = _draw(ax, m, sd, row_vals, col_vals, cmap=CMAP if higher_better else CMAP_LOWER_BETTER)
         ax.set_xlabel(cols)
         ax.set_ylabel(rows)
