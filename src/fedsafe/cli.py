@@ -375,6 +375,33 @@ def sweep(
         _fail(FedsafeError(describe_os_error(e, f"--out {out_dir}: cannot write")))
 
 
+@app.command()
+def frontier(
+    sweeps: Annotated[list[str], typer.Argument(metavar="[LABEL=]SWEEP_DIR...", help="sweep folders, one per method (fedsafe sweep --out); LABEL= names the line (default: from the runs' config)")],
+    out_dir: Annotated[Path, typer.Option("--out", help="directory for frontier.png and frontier.csv (a report folder of fedsafe's is replaced)")] = Path("frontier"),
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="write into a folder holding other files (only frontier.png / .csv there are replaced)")] = False,
+) -> None:
+    """Accuracy against ε, one line per method (mean ± sd over seeds), one panel per attack, the
+    attack-free line dashed beside each; methods without DP as markers at ε = ∞."""
+    from fedsafe.engine.outdir import describe_os_error
+    from fedsafe.report.frontier import frontier_table, write_frontier
+    from fedsafe.report.runs import ReportError
+
+    try:
+        result = write_frontier(sweeps, out_dir, overwrite=overwrite)
+    except ReportError as e:
+        _fail(ConfigError([str(e)]))
+    except FedsafeError as e:
+        _fail(e)
+    except OSError as e:
+        _fail(FedsafeError(describe_os_error(e, f"--out {out_dir}: cannot write")))
+    for line in result["skipped"]:
+        err.print(f"frontier: {line}", highlight=False, soft_wrap=True, markup=False)
+    out.print(frontier_table(result["points"]), markup=False, highlight=False)
+    out.print(f"wrote {result['figure']}", highlight=False)
+    out.print(f"wrote {result['csv']}", highlight=False)
+
+
 data_app = typer.Typer(no_args_is_help=True, help="Datasets fetched beforehand (no downloads while a run runs).")
 app.add_typer(data_app, name="data")
 
