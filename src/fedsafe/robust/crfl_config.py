@@ -34,8 +34,8 @@ class CRFLConfig(BaseModel):
     samples: int = Field(1000, ge=1, le=1_000_000, description="M, noisy copies of the model that vote (reference N_m)")
     sigma_test: float = Field(0.01, gt=0, description="σ of the smoothing noise at test time (reference test_sigma)")
     alpha: float = Field(0.001, gt=0, lt=1, description="error tolerance of the Hoeffding vote bounds")
-    radii: tuple[float, ...] = Field(
-        (0.0, 0.001, 0.002, 0.005), min_length=1, description="radii at which certified accuracy is reported"
+    radii: list[float] = Field(
+        [0.0, 0.001, 0.002, 0.005], min_length=1, description="radii at which certified accuracy is reported"
     )
     batch_models: int = Field(16, ge=1, le=4096, description="noisy models evaluated in one vectorised forward pass")
     attack_round: int | None = Field(
