@@ -9,6 +9,7 @@ import statistics
 
 import numpy as np
 import pytest
+import torch
 
 from fedsafe.engine.sweep import WORST_COLUMNS, parse_grid, run_sweep, worst_case
 from fedsafe.report.heatmap import WORST_LABEL, figure_sweep, worst_column
@@ -142,3 +143,29 @@ def test_sweep_writes_worst_case_csv_matching_its_runs(tmp_path):
         assert float(row["worst_asr"]) == pytest.approx(cells["pattern_backdoor"][2][0])
         assert float(row["worst_asr_sd"]) == pytest.approx(cells["pattern_backdoor"][2][1])
         assert row["attacks"] == "2" and row["missing"] == ""
+
+
+def test_runs_sharing_a_loaded_dataset_match_runs_that_load_their_own(tmp_path):
+    import fedsafe.engine.federation as federation
+    from fedsafe.config import validate
+    from fedsafe.engine.run import run_experiment
+    from fedsafe.engine.sweep import shared_datasets
+
+    base = {"rounds": 2, "eval_every": 1, "data": {"name": "digits", "max_train": 300, "partition": "dirichlet"},
+            "model": {"name": "logreg"}, "clients": {"num_clients": 7}, "attack": {"name": "pattern_backdoor", "f": 1}}
+    grid = parse_grid(["robust.rule=mean,median"])
+    recs = run_sweep(base, grid, tmp_path / "s", seeds=2)  # in one process: the cells share the loads
+    assert federation.load_federated.__name__ == "load_federated"  # put back afterwards
+    for rec in recs:
+        for seed, acc in zip(rec["seeds"], rec["final_accuracy_seeds"]):
+            cfg = validate({**base, "seed": seed, "robust": {"rule": rec["robust.rule"]}})
+            alone = run_experiment(cfg, tmp_path / f"{rec['robust.rule']}{seed}", quiet=True)[cfg.name]
+            assert alone["final_accuracy"] == acc
+    # a dataset changed in place is loaded afresh
+    cfg = validate(base)
+    with shared_datasets():
+        first = federation.load_federated(cfg.data, 7, 0)
+        assert federation.load_federated(cfg.data, 7, 0) is first
+        first.x_train.add_(1.0)
+        again = federation.load_federated(cfg.data, 7, 0)
+        assert again is not first and not torch.equal(again.x_train, first.x_train)
