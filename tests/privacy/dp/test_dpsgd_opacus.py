@@ -75,12 +75,15 @@ def _opacus_step(model, x, y, z, clip, batch, seed):
 
 @pytest.mark.filterwarnings("ignore:Full backward hook is firing")
 @pytest.mark.parametrize("z, clip", [(0.0, 0.05), (1.3, 0.05), (0.8, 10.0)])
-def test_noised_clipped_gradient_equals_opacus(z, clip):
-    model = build_model(ModelConfig(name="mlp", hidden=32), (1, 8, 8), 10, generator=torch.Generator().manual_seed(0))
+@pytest.mark.parametrize("name, shape", [("mlp", (1, 8, 8)), ("cnn_fmnist", (1, 16, 16))])  # linear; conv + linear
+def test_noised_clipped_gradient_equals_opacus(z, clip, name, shape):
+    # fedsafe's default per-example path on these models is the hook path (dpsgd.hook_layers)
+    model = build_model(ModelConfig(name=name, hidden=32), shape, 10, generator=torch.Generator().manual_seed(0))
     layout = ParamLayout.from_model(model)
+    assert dpsgd.hook_layers(model, layout) is not None
     g = torch.Generator().manual_seed(1)
     batch = 16
-    x, y = torch.randn(batch, 1, 8, 8, generator=g), torch.randint(0, 10, (batch,), generator=g)
+    x, y = torch.randn(batch, *shape, generator=g), torch.randint(0, 10, (batch,), generator=g)
     ref, noise = _opacus_step(model, x, y, z, clip, batch, seed=7)
     normals = noise / (z * clip) if z > 0 else torch.zeros(layout.dim)
     settings = dpsgd.DPSGDSettings(clip=clip, z=z, batch_size=batch, sampling="poisson")  # q = B/n = 1: all records
