@@ -5,9 +5,27 @@ own records, as Opacus computes it:
 
     sample a batch of the client's n_i records       Poisson, rate q_i = B/n_i (or B of n_i
                                                      without replacement: ``example_sampling``)
-    g_j   = ∇ℓ(w; x_j, y_j)                          per example, one vmap(grad) call
+    g_j   = ∇ℓ(w; x_j, y_j)                          per example (never assembled: below)
     ḡ_j   = g_j · min(1, C / (‖g_j‖₂ + 1e-6))        Opacus's clipping factor
     g̃     = (Σ_j ḡ_j + N(0, (zC)² I_d)) / B         divided by the EXPECTED batch size B
+
+How Σ_j ḡ_j and the norms ‖g_j‖ are computed (:func:`per_example_clipped_sums`; the same numbers
+up to float rounding either way, tested against each other and against Opacus):
+
+- **hooks** (the default wherever it applies: every parameter an ``nn.Linear`` / ``nn.Conv2d``
+  weight or bias, as in all of fedsafe's models but ``lenet`` with GroupNorm): one forward of the
+  batch with hooks keeping each layer's input a, one backward of the summed losses to the layer
+  outputs (output gradients G, no weight gradient). A linear layer's per-example gradient is the
+  outer product G_j a_jᵀ, so its norm is ‖a_j‖·‖G_j‖ ("ghost" norm, never materialised; Li et
+  al. 2022, Bu et al. 2023) and the clipped sum one product (c ⊙ G)ᵀ a; a convolution's
+  per-example weight gradients (G_j times its unfolded input; 25k numbers per example for
+  SABLE's CNN, against its 431k parameters) are materialised and clipped-summed in one
+  product. About the cost of the non-private step (``benchmarks/dpsgd.py``).
+- **vmap** (any model): per-example gradients by ``vmap(grad_and_value(functional_call))`` in
+  chunks of at most 64 MiB, clipped and summed per parameter tensor. The ``auto`` method falls
+  back to it for other layers, and for a model whose forward the hook path would misread (a
+  layer called twice, a parameter used outside its module, examples that interact): checked once
+  per model against this path.
 
 and the client algorithm (``dsgd``: momentum on g̃; ``fedavg``: local SGD on g̃) uses g̃ where it
 would use the minibatch gradient. Everything the client sends is post-processing of the g̃, so
@@ -224,7 +242,16 @@ def hook_layers(model: nn.Module, layout: ParamLayout) -> tuple[HookLayer, ...] 
     an ``nn.Conv2d`` (``groups = 1``, zero padding given as numbers) — exactly those types, a
     subclass may change ``forward`` — and the layout must name exactly those parameters (a
     tied weight, listed once, is refused). Anything else (GroupNorm, embeddings, custom layers)
-    goes to the ``vmap`` path, which differentiates any model."""
+    goes to the ``vmap`` path, which differentiates any model. Cached per (model, layout)."""
+    cached = _HOOK_LAYERS.get(model)
+    if cached is not None and cached[0] == layout:
+        return cached[1]
+    layers = _find_hook_layers(model, layout)
+    _HOOK_LAYERS[model] = (layout, layers)
+    return layers
+
+
+def _find_hook_layers(model: nn.Module, layout: ParamLayout) -> tuple[HookLayer, ...] | None:
     out, names = [], set()
     for prefix, m in model.named_modules():
         own = dict(m.named_parameters(recurse=False))
@@ -385,6 +412,9 @@ def hook_clipped_sums(
     return sums, norms, losses
 
 
+#: :func:`hook_layers` of the models seen: ``model -> (layout, layers or None)``.
+_HOOK_LAYERS: weakref.WeakKeyDictionary[nn.Module, tuple[ParamLayout, tuple[HookLayer, ...] | None]] = (
+    weakref.WeakKeyDictionary())
 #: Examples in the hook path's first chunk (later chunks are sized from what it held).
 _HOOK_FIRST_CHUNK = 256
 #: Models the ``auto`` method has checked (:func:`_hooks_agree`), and the verdict.
