@@ -83,6 +83,12 @@ class DPPlan:
         message; distributed: the secure-aggregation server, which sees who takes part)."""
         return "released" if self.placement == "central" else "server"
 
+    @property
+    def engine(self) -> type[accounting.AccountingEngine]:
+        """The accounting engine registered under :attr:`accountant` (what it can do:
+        ``plans_interval``, ``epsilon_every_round``)."""
+        return _accounting().engine_class(self.accountant)
+
     def new_accountant(self) -> accounting.Accountant | accounting.DistributedAccountant:
         """The run's accountant. ``central`` / ``local``: an ``Accountant`` whose PLD is composed
         incrementally at the interval chosen for the planned run (``accounting.planned_interval``).
@@ -102,7 +108,7 @@ class DPPlan:
                 rounds=self.rounds,
             )
         interval = None
-        if self.accountant == "pld":
+        if self.engine.plans_interval:
             fixed = self.sampling == "fixed"
             record = acc.make_round_record(
                 self.z, self.q, self.sampling, self.num_clients if fixed else None, self.sample_size if fixed else None

@@ -212,7 +212,7 @@ class DPPlugin(ClientTransform, ServerTransform, Observer):
         if p.placement == "distributed":
             out["dp_noise_shares"] = self._shares
         t, cfg = row["round"], fed.cfg
-        if p.accountant == "rdp" or t % cfg.eval_every == 0 or t >= cfg.rounds:
+        if p.engine.epsilon_every_round or t % cfg.eval_every == 0 or t >= cfg.rounds:
             out.update(self.accountant.epsilons())  # distributed: epsilon_server, epsilon_released too
         out.update(self._last)
         self._last, self._honest, self._shares, self._included = {}, frozenset(), 0, frozenset()

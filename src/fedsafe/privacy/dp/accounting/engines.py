@@ -51,6 +51,13 @@ class AccountingEngine:
     decided by the facade) and is never empty."""
 
     name: ClassVar[str] = ""
+    #: Whether a run plans the engine's discretization once, from the whole run
+    #: (:func:`~fedsafe.privacy.dp.accounting.accountant.planned_interval`), and composes rounds
+    #: into running state at it (PLD); otherwise every ε is computed afresh (RDP).
+    plans_interval: ClassVar[bool] = False
+    #: Whether ε is cheap enough to report after every round (RDP: a sum over orders); an
+    #: engine without it reports ε at evaluation rounds and at the end only.
+    epsilon_every_round: ClassVar[bool] = False
 
     def __init__(
         self,

@@ -468,6 +468,7 @@ class PldEngine(AccountingEngine):
     """dp-accounting's privacy loss distributions, per call or incremental (module docstring)."""
 
     name = "pld"
+    plans_interval = True
 
     def __init__(self, neighboring: str, records: dict[RoundRecord, int], *, interval: float | None,
                  orders: Sequence[float]) -> None:

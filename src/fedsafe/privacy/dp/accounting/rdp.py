@@ -161,6 +161,7 @@ class RdpEngine(AccountingEngine):
     upper bound, usually looser than PLD."""
 
     name = "rdp"
+    epsilon_every_round = True
 
     def check(self, event: RoundRecord) -> None:
         if not has_rdp(event):
