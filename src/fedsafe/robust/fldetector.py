@@ -176,15 +176,17 @@ class FLDetector:
         self.detected = False  # the attack was detected: the flagged clients are final
         self.last_round_ids: tuple[int, ...] = ()
 
-    def suspicion(self) -> dict[int, float]:
-        """Each scored client's mean score over its last ``window`` scores."""
-        return {c: float(np.mean(v)) for c, v in self.scores.items() if v}
+    def suspicion(self, scores: Mapping[int, Sequence[float]] | None = None) -> dict[int, float]:
+        """Each scored client's mean score over its last ``window`` scores (``scores``, default
+        the recorded ones)."""
+        scores = self.scores if scores is None else scores
+        return {c: float(np.mean(v)) for c, v in scores.items() if v}
 
     def detect(self, generator: torch.Generator, scores: Mapping[int, Sequence[float]] | None = None) -> set[int]:
         """The clients the gap statistic and 2-means flag now (empty when no attack is found),
         over ``scores`` (default the recorded ones)."""
         scores = self.scores if scores is None else scores
-        sus = {c: float(np.mean(v)) for c, v in scores.items() if v}
+        sus = self.suspicion(scores)
         if len(sus) < 2 or max((len(v) for v in scores.values()), default=0) < self.min_scores:
             return set()
         ids = sorted(sus)
