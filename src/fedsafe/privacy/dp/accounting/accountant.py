@@ -361,7 +361,7 @@ class DistributedAccountant:
                 self._released = Accountant(self.delta, "pld", self.neighboring, value_discretization_interval=interval)
         else:
             interval = None
-            if self.accountant == "pld" and self.sampling == "none":
+            if engine_class(self.accountant).plans_interval and self.sampling == "none":
                 interval = planned_interval(make_round_record(z, None, "none"), rounds, self.delta, self.neighboring)
             self._released = Accountant(
                 self.delta, self.accountant, self.neighboring, value_discretization_interval=interval
