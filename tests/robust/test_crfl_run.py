@@ -304,3 +304,39 @@ def test_toy_backdoor_run_certifies_most_inputs_at_a_small_accuracy_cost():
     assert plain["final_attack_success_rate"] > 0.9  # the attack works
     assert crfl["crfl_clean_accuracy"] > plain["final_accuracy"] - 0.05, (crfl, plain)
     assert crfl["crfl_certified_accuracy@0.001"] > 0.5 and crfl["crfl_mean_radius"] > 0.001
+
+
+# --- conventions against the reference code, one test each ------------------------------------
+
+
+def test_last_round_is_clipped_only_as_the_reference_saves_before_its_noise():
+    plugin = CRFLPlugin(CRFLConfig(enabled=True, rho_start=1.0, rho_growth=0.0, rho=5.0, sigma_train=0.1), rounds=3,
+                        source=RandomSource.seeded(0), threat=None)
+    w = torch.full((4,), 2.0)
+    torch.testing.assert_close(plugin.transform_model(w, 3), w / (4.0 + 1e-6))
+    noisy = plugin.transform_model(w, 2)
+    torch.testing.assert_close(noisy, _naive_stage(w, 1.0, 0.1, 0, 2, last=False))
+
+
+def test_rows_before_the_last_evaluate_the_perturbed_model_where_the_reference_evaluates_before_noise():
+    fed = Federation(validate({**RAW, "checkpoint_every": 0, "eval_every": 1,
+                               "crfl": {**RAW["crfl"], "sigma_train": 0.5, "certify": False}}))
+    row = fed.run_round()
+    noise = 0.5 * torch.randn(fed.state.params.numel(), generator=torch_stream(3, "robust.crfl", 1), dtype=torch.float64)
+    before_noise = (fed.state.params.double() - noise).float()
+    assert row["test_loss"] == pytest.approx(fed.evaluate(fed.state.params)[0])
+    assert row["test_loss"] != pytest.approx(fed.evaluate(before_noise)[0])
+
+
+def test_threat_defaults_from_the_run_where_the_reference_uses_1_over_N_and_one_local_epoch():
+    from fedsafe.robust.crfl import threat_from_config
+
+    cfg = validate({**RAW, "clients": {"num_clients": 8, "sampling": "fixed", "sample_size": 4, "algorithm": "fedavg",
+                                       "local_epochs": 2, "batch_size": 10, "lr": 0.2},
+                    "server": {"lr": 0.5}, "attack": {"name": "model_replacement", "f": 2}})
+    th = threat_from_config(cfg, [25, 35])  # mean client size 30: 3 batches of 10, twice
+    assert (th.attackers, th.weight, th.local_iters, th.lr) == (2, 0.5 / 4, 6.0, 0.2)
+    assert th.scale == 4 / 2 and th.poison_fraction == 0.5 and th.attack_round is None  # γ = n/f; the default fraction
+    dsgd = validate({**RAW, "clients": {"num_clients": 6}, "crfl": {**RAW["crfl"], "lipschitz": 2.0, "weight": 0.3}})
+    th = threat_from_config(dsgd, [10] * 6)
+    assert (th.local_iters, th.lr, th.weight, th.lipschitz, th.scale) == (1.0, 1.0, 0.3, 2.0, 2.0)
