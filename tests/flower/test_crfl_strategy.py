@@ -1,7 +1,8 @@
-"""CRFL ([crfl]) under FedsafeStrategy: the round's model stage runs on the strategy's step
-(clip to ρ_t, then the seeded noise, none after the last round), checked against the clients'
-own models recomputed here and a naive clip; certification, which needs the model and test data
-the strategy does not hold, is refused at set-up naming crfl.certify."""
+"""CRFL ([crfl]) over Flower. Under FedsafeStrategy the round's model stage runs on the
+strategy's step (clip to ρ_t, then the seeded noise, none after the last round), checked against
+the clients' own models recomputed here and a naive clip; certification, which needs the model
+and test data the strategy does not hold, is refused at set-up naming crfl.certify. fedsafe's own
+ServerApp runs the engine: the same model and certificate as the engine's."""
 
 from __future__ import annotations
 
@@ -81,3 +82,26 @@ def test_certifying_under_the_strategy_is_refused_naming_the_key() -> None:
 
     with pytest.raises(ConfigError, match=r"crfl.certify: FedsafeStrategy holds neither the model nor test data"):
         FedsafeStrategy({"clients": {"num_clients": 4}, "crfl": {"enabled": True, "attackers": 1, "poison_fraction": 0.1}})
+
+
+def test_the_server_app_runs_the_engine_so_it_certifies_as_the_engine(tmp_path: Path) -> None:
+    """fedsafe's own ServerApp over Flower nodes (in process, tests/flower/fakegrid.py) and the
+    engine: the same model bit for bit, the same CRFL rows and certificate."""
+    import json
+
+    from fedsafe.config import validate
+    from fedsafe.engine.run import run_experiment
+    from fedsafe.flower import client_app, run_over_flower
+
+    cfg = validate({"rounds": 2, "clients": {"num_clients": 5, "algorithm": "fedavg", "local_steps": 2},
+                    "execution": "serial", "seed": 3, "eval_every": 1, "secure_randomness": False,
+                    "attack": {"name": "pattern_backdoor", "f": 1},
+                    "crfl": {"enabled": True, "rho_start": 1.0, "rho_growth": 0.5, "samples": 8, "batch_models": 3}})
+    run_over_flower(cfg, FakeGrid(client_app(noise_seed="experiment"), 5), tmp_path / "flower", timeout=5, wait=5)
+    run_experiment(cfg, tmp_path / "engine", overwrite=True, quiet=True)
+    a, b = torch.load(tmp_path / "flower" / "model.pt"), torch.load(tmp_path / "engine" / "model.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    sa, sb = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("flower", "engine"))
+    keys = [k for k in sb if k.startswith("crfl_")]
+    assert "crfl_certified_accuracy@0.001" in keys and {k: sa[k] for k in keys} == {k: sb[k] for k in keys}
+    assert (tmp_path / "flower" / "crfl_certificate.csv").read_text() == (tmp_path / "engine" / "crfl_certificate.csv").read_text()
