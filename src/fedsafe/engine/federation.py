@@ -2,7 +2,7 @@
 
     sample clients → honest local work → [fedsafe.engine.round: client transform → Byzantine
     attack → protocol.aggregate(messages, rule) → decode to a parameter-space direction → server
-    optimizer step] → evaluate → observers → metrics row → checkpoint
+    optimizer step → model stage (CRFL)] → evaluate → observers → metrics row → checkpoint
 
 The bracketed stages are :func:`fedsafe.engine.round.aggregate_and_step`, run from the
 :class:`~fedsafe.engine.round.RoundPlan` this class resolves once at set-up (the Flower strategy
@@ -494,7 +494,9 @@ class Federation:
         st.previous = self.pipeline.previous
 
     def _step(self, direction: Tensor) -> None:
-        """The server optimizer's step, and the evaluated moving average after it. A step that
+        """The server optimizer's step, the round's model stage on its result
+        (:func:`fedsafe.engine.round.finish_step`: CRFL's clip and noise), and the evaluated
+        moving average after it. A step that
         leaves the model non-finite raises :class:`DivergedError` and keeps the state from before
         it (a non-finite *direction* was already a skipped round)."""
         st = self.state
