@@ -9,7 +9,8 @@ the plugins that implement its hook, in the order they were made)::
     + Byzantine messages + ServerTransform.extra_messages    (extra participants: canaries)
     ─► ServerTransform.transform_messages                     (only if the protocol reveals messages)
     ─► protocol.aggregate ─► ServerTransform.transform_aggregate (central noise, rescaling)
-    ─► decode ─► server step ─► Observer.on_round_end         (accountants, trackers)
+    ─► decode ─► server step ─► transform_model                (the new global model: CRFL)
+    ─► Observer.on_round_end                                   (accountants, trackers)
 
 - :class:`ClientTransform`: what runs on (or for) each client's row, and what crosses the
   network with remote clients (``client_state``, ``client_reports``);

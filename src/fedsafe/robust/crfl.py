@@ -8,6 +8,13 @@ are functions of the parameter vector here (:func:`clip_model`, :func:`perturb_m
 the certificate is :func:`certified_radius` with :func:`vote_bounds` for the Monte Carlo vote
 frequencies. Noise comes from a :class:`fedsafe.core.randomness.RandomSource` stream, secure
 unless the caller chose a seeded source.
+
+In a run (``[crfl]``, :mod:`fedsafe.robust.crfl_config`) the :class:`CRFLPlugin` does both: its
+``transform_model`` is the round's model stage (``fedsafe.engine.round.finish_step``, after the
+server step), and at the last round its observer certifies: :func:`smoothed_votes` (M noisy
+copies, batched through one vectorised forward pass), :func:`top_two`, :func:`hoeffding_bounds`
+and :func:`certified_radii` with the factor of :func:`radius_factor`, against the attacker of
+:func:`threat_from_config` (a :class:`Certificate`, its :meth:`Certificate.summary` in the row).
 """
 
 from __future__ import annotations
