@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from scipy.stats import norm
 from torch import Tensor
 
+from fedsafe.core.plugins import Observer
 from fedsafe.core.randomness import Generator, standard_normal
 
 # the reference code's guard in the clipping coefficient ρ / (‖w‖ + 1e-6)
@@ -372,7 +373,7 @@ def threat_from_config(cfg: Any, client_sizes: Sequence[int]) -> Threat:
                   float(gamma), float(fraction), cr.lipschitz)
 
 
-class CRFLPlugin:
+class CRFLPlugin(Observer):
     """``[crfl]`` in a run (``fedsafe.engine.round``'s model stage and an observer).
 
     ``transform_model(params, t)``, after round t's server step: clip the global model to ρ_t
