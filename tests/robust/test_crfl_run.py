@@ -340,3 +340,11 @@ def test_threat_defaults_from_the_run_where_the_reference_uses_1_over_N_and_one_
     dsgd = validate({**RAW, "clients": {"num_clients": 6}, "crfl": {**RAW["crfl"], "lipschitz": 2.0, "weight": 0.3}})
     th = threat_from_config(dsgd, [10] * 6)
     assert (th.local_iters, th.lr, th.weight, th.lipschitz, th.scale) == (1.0, 1.0, 0.3, 2.0, 2.0)
+
+
+def test_certify_every_certifies_those_rounds_too_and_the_summary_keeps_the_last():
+    res = _experiment(checkpoint_every=0, crfl={**RAW["crfl"], "certify_every": 3, "samples": 6}).run()
+    rows = res.federation.rows
+    assert ["crfl_clean_accuracy" in r for r in rows] == [False, False, True, True]
+    assert res.summary["crfl_clean_accuracy"] == rows[3]["crfl_clean_accuracy"]
+    assert all("crfl_rho" in r for r in rows)
