@@ -323,7 +323,8 @@ def figure_frontier(points: Sequence[Point]):
                     ax.errorbar([p.epsilon for p in priv], [100 * p.accuracy for p in priv],
                                 yerr=[100 * (p.accuracy_sd or 0.0) for p in priv], **style)
                 for p in (p for p in pts if not p.private):
-                    ax.errorbar([x_inf * offsets[m]], [100 * p.accuracy], yerr=[100 * (p.accuracy_sd or 0.0)],
+                    x = x_inf * offsets[m] * (1.3 if dashed else 1.0)  # the attack-free marker beside
+                    ax.errorbar([x], [100 * p.accuracy], yerr=[100 * (p.accuracy_sd or 0.0)],
                                 **{**style, "linestyle": "none", "marker": "D" if not dashed else "d"})
                     if not dashed:
                         sd = 100 * (p.accuracy_sd or 0.0)
@@ -337,7 +338,9 @@ def figure_frontier(points: Sequence[Point]):
         ax.set_ylim(0, 100)
         ax.grid(True, alpha=0.3)
         ax.set_xlabel("ε reported by each run (mean over seeds; δ from its config)")
-        ax.set_title(f"attack: {attack}" + ("" if attack == NO_ATTACK else f"  (dashed, hollow: no attack)"))
+        f = max((p.f for p in points if p.attack == attack), default=0)
+        ax.set_title("no attack (f = 0)" if attack == NO_ATTACK
+                     else f"attack: {attack}, f = {f}  (dashed, hollow: no attack, f = 0)")
     axes[0].set_ylabel("final test accuracy (%), mean ± sd over seeds")
     handles = []
     from matplotlib.lines import Line2D
