@@ -139,6 +139,15 @@ def test_hooks_linear_on_sequences():
     _close(*_both(model, layout, flatten_params(model), x, y, torch.arange(9) % 2, 2, 0.4))
 
 
+def test_hooks_follow_in_place_activations():
+    # ReLU(inplace=True) rewrites the first layer's output: its gradient is still the output's
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(inplace=True), nn.Linear(32, 10))
+    layout = ParamLayout.from_model(model)
+    x, y = _data((1, 8, 8), 7)
+    _close(*_both(model, layout, flatten_params(model), x, y, torch.tensor([0, 1, 0, 1, 1, 0, 0]), 2, 0.5))
+
+
 def test_models_the_hook_path_does_not_cover_use_vmap():
     model, layout = _model("lenet", norm="group")  # GroupNorm parameters
     assert dpsgd.hook_layers(model, layout) is None

@@ -316,16 +316,17 @@ def _hook_chunk(model: nn.Module, layers: tuple[HookLayer, ...], named: dict[str
                 criterion: Criterion) -> tuple[list[tuple[str, Tensor, Tensor, Tensor]], Tensor]:
     """One forward and one backward of a chunk: each layer's :func:`_layer_pieces` and the
     examples' losses. The parameters do not require gradients, so the backward computes only
-    the layer outputs' gradients (no weight gradient)."""
+    the layer outputs' gradients (no weight gradient): each layer's output continues as
+    ``output + probe`` with a zero ``probe`` that requires a gradient, whose gradient is the
+    output's — also when the forward then modifies it in place (``ReLU(inplace=True)``)."""
     seen: dict[nn.Module, tuple[Tensor, Tensor]] = {}
 
     def record(mod: nn.Module, args: tuple[Tensor, ...], out: Tensor) -> Tensor:
         if mod in seen:
             raise _NotCovered(f"{type(mod).__name__} called twice in one forward")
-        if not out.requires_grad:  # the first layer: nothing before it needs a gradient
-            out = out.detach().requires_grad_()
-        seen[mod] = (args[0].detach(), out)
-        return out
+        probe = torch.zeros_like(out, requires_grad=True)
+        seen[mod] = (args[0].detach(), probe)
+        return out + probe
 
     handles = [layer.module.register_forward_hook(record) for layer in layers]
     try:
@@ -372,7 +373,8 @@ def hook_clipped_sums(
     matrix. The examples must not interact in the forward (no batch statistics): then row e of
     the summed losses' output gradient is example e's own. Chunks keep the saved activations
     near ``chunk_bytes``. ``params`` ``(n, d)`` (each client's own model): one forward per
-    client."""
+    client. The hooks are registered on ``model`` for the duration of the call (and removed
+    after it): not for a model another thread runs at the same time."""
     e, d = x.shape[0], layout.dim
     sums = params.new_zeros((n, d))
     norms, losses = params.new_zeros((e,)), params.new_zeros((e,))
@@ -441,7 +443,7 @@ def _hooks_agree(model: nn.Module, layout: ParamLayout, layers: tuple[HookLayer,
     xs, ys, os = x[:k], y[:k], owner[:k]
     try:
         got = hook_clipped_sums(model, layout, layers, params, xs, ys, os, n, clip, criterion=criterion)
-    except _NotCovered:
+    except (_NotCovered, RuntimeError):  # e.g. a forward the hooks cannot follow: the vmap path decides
         _HOOK_CHECKED[model] = False
         return False
     ref = _vmap_clipped_sums(model, layout, params, xs, ys, os, n, clip, criterion=criterion, chunk_bytes=CHUNK_BYTES)
