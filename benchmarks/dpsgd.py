@@ -18,6 +18,11 @@ that load from other processes hits them alike (one thread):
   gradients by hooks, clip, ``torch.normal`` noise, ÷B) on the same model and batch, noise not
   in ``secure_mode`` (skipped when opacus is not installed).
 
+Two more timings, interleaved with the steps, break the secret noise down (``noise_ms``, not
+steps): ``secure_noise`` is ``SecretStream.normal(d)`` alone (one client's N(0, I_d) of a
+step), ``float64_ops`` the four torch operations it cannot avoid — float64 ``log``, ``sqrt``,
+``cos``, ``sin`` — on arrays of 2·d elements each, as the four Box–Muller draws per normal need.
+
 Each repeat times ``inner`` steps of every method in turn; a ratio (``X_over_plain``,
 ``X_over_opacus``) is the median over repeats of the ratio within the repeat (paired, so a
 load change between repeats cancels); ``ms`` are the medians of the per-step times. The
@@ -49,7 +54,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from fedsafe.core.randomness import RandomSource  # noqa: E402
+from fedsafe.core.randomness import RandomSource, SecretStream  # noqa: E402
 from fedsafe.engine.backends import VectorizedBackend  # noqa: E402
 from fedsafe.models import ParamLayout, build_model, flatten_params  # noqa: E402
 from fedsafe.models.config import ModelConfig  # noqa: E402
@@ -127,6 +132,15 @@ def bench_model(name: str, hidden: int, shape: tuple[int, ...], batch: int, reco
             opt.zero_grad(set_to_none=True)
 
         methods["opacus"] = opacus
+    key = bytes(range(32))
+    u = torch.rand(2 * layout.dim, dtype=torch.float64, generator=g) * 0.999 + 5e-4
+
+    def float64_ops():
+        u.log().sqrt_(), u.cos(), u.sin()
+
+    noise = {"secure_noise": lambda: SecretStream(key).normal(layout.dim), "float64_ops": float64_ops}
+    steps = list(methods)
+    methods.update(noise)
     for fn in methods.values():  # warm up (vmap tracing, the hook path's one-time check, allocator)
         fn()
         fn()
@@ -134,13 +148,14 @@ def bench_model(name: str, hidden: int, shape: tuple[int, ...], batch: int, reco
     for _ in range(repeats):  # interleaved
         for k, fn in methods.items():
             times[k].append(_median_ms(fn, 1, inner))
-    ms = {k: statistics.median(v) for k, v in times.items()}
+    ms = {k: statistics.median(v) for k, v in times.items() if k in steps}
+    noise_ms = {k: statistics.median(times[k]) for k in noise}
 
     def ratio(a: str, b: str) -> float:  # median of the per-repeat ratios
         return statistics.median(x / y for x, y in zip(times[a], times[b]))
 
     res = {"model": name, "hidden": hidden, "input": list(shape), "dim": layout.dim, "batch": batch, "ms": ms,
-           "method": "hooks" if dpsgd.hook_layers(model, layout) is not None else "vmap"}
+           "noise_ms": noise_ms, "method": "hooks" if dpsgd.hook_layers(model, layout) is not None else "vmap"}
     for k in ("dpsgd", "dpsgd_secure", "dpsgd_vmap"):
         res[f"{k}_over_plain"] = ratio(k, "plain")
     if "opacus" in ms:
@@ -193,6 +208,10 @@ def main() -> None:
               f"{ms['dpsgd_secure']:>11.2f}{ms['dpsgd_vmap']:>9.2f}{(f'{op:.2f}' if op else '-'):>11}"
               f"{f('dpsgd_over_plain', 10)}{f('dpsgd_secure_over_plain', 11)}{f('dpsgd_over_opacus', 11)}"
               f"{f('dpsgd_secure_over_opacus', 12)}{f('dpsgd_vmap_over_plain', 12)}")
+    for r in rows:
+        nm = r["noise_ms"]
+        print(f"{r['model']}: secret noise alone {nm['secure_noise']:.2f} ms; the float64 log/sqrt/cos/sin it "
+              f"needs, timed alone, {nm['float64_ops']:.2f} ms (plain step {r['ms']['plain']:.2f} ms)")
     print(f"load average before/after: {load_before} / {report['environment']['loadavg_after']} -> {args.out}")
 
 
