@@ -292,3 +292,31 @@ def test_a_config_with_a_plugin_that_transforms_no_client_row_is_checked(tmp_pat
     r = runner.invoke(app, ["check", str(path)])
     assert r.exit_code == 0, r.output
     assert r.output.strip() == f"ok: {path} (no variants)"
+
+
+def test_both_flower_paths_report_example_level_dp_and_crfl_certification(tmp_path):
+    # DP-SGD runs in the engine's client work only; the strategy cannot certify CRFL (the ServerApp
+    # can): each path names the setting it refuses, before anything runs
+    dpsgd = _write(tmp_path, SMALL + '[dp]\nenabled = true\nunit = "example"\nplacement = "local"\n', "dpsgd.toml")
+    assert runner.invoke(app, ["check", str(dpsgd)]).exit_code == 0
+    for flag in ("--flower", "--flower-strategy"):
+        r = runner.invoke(app, ["check", str(dpsgd), flag])
+        assert r.exit_code == 2 and _errors(r.output)[0].startswith("dp.unit = 'example'"), r.output
+    crfl = _write(tmp_path, SMALL + "[crfl]\nenabled = true\nattackers = 1\npoison_fraction = 0.5\n", "crfl.toml")
+    assert runner.invoke(app, ["check", str(crfl), "--flower"]).exit_code == 0
+    r = runner.invoke(app, ["check", str(crfl), "--flower-strategy"])
+    assert r.exit_code == 2 and _errors(r.output) == [
+        "crfl.certify: FedsafeStrategy holds neither the model nor test data, so it cannot certify the smoothed "
+        "model; set crfl.certify = false (each round's clipping and noise still run), or use fedsafe's own "
+        "ServerApp (fedsafe.flower.server_app), which certifies"
+    ]
+    r = runner.invoke(app, ["check", str(crfl), "--flower-strategy", "--set", "crfl.certify=false"])
+    assert r.exit_code == 0, r.output
+
+
+def test_crfl_without_a_threat_is_reported_once(tmp_path):
+    # the config's cross-section check and the plugin factory refuse with the same lines
+    r = runner.invoke(app, ["check", str(_write(tmp_path, SMALL + "[crfl]\nenabled = true\n"))])
+    assert r.exit_code == 2
+    errors = _errors(r.output)
+    assert len(errors) == 2 and errors[0].startswith("crfl.attackers:") and errors[1].startswith("crfl.poison_fraction:")

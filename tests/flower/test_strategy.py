@@ -219,6 +219,8 @@ def test_malformed_replies_are_left_out(digits) -> None:
     ({"clients": {"gradient": "zeroth_order"}}, "zeroth-order clients need"),
     ({"variants": {"a": {}}}, "a strategy runs one experiment"),
     ({"clients": {"algorithm": "dsgd"}}, "whose deltas are FedAvg's messages"),
+    ({"dp": {"enabled": True, "unit": "example", "placement": "local"}}, "DP-SGD runs inside each client's training"),
+    ({"crfl": {"enabled": True, "attackers": 1, "poison_fraction": 0.5}}, "crfl.certify: FedsafeStrategy holds neither"),
 ])
 def test_what_the_strategy_cannot_run_is_refused(exp: dict, match: str) -> None:
     from fedsafe.flower import FedsafeStrategy

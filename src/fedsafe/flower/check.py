@@ -82,6 +82,17 @@ def config_problems(cfg: ExperimentConfig) -> list[str]:
             "attack: with your own ClientApps the attackers are real clients; set robust.f to the number of "
             "Byzantine clients the rule must tolerate instead"
         )
+    if cfg.dp.enabled and cfg.dp.unit == "example":
+        problems.append(
+            "dp.unit = 'example': DP-SGD runs inside each client's training, which your own ClientApps do; "
+            "use dp.unit = 'client' (Flower's DP mods), or run DP-SGD in fedsafe's engine (fedsafe run)"
+        )
+    if cfg.crfl.enabled and cfg.crfl.certify:  # the clip and noise run in the strategy; certifying needs more
+        problems.append(
+            "crfl.certify: FedsafeStrategy holds neither the model nor test data, so it cannot certify the "
+            "smoothed model; set crfl.certify = false (each round's clipping and noise still run), or use "
+            "fedsafe's own ServerApp (fedsafe.flower.server_app), which certifies"
+        )
     return problems
 
 

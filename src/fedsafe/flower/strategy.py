@@ -123,12 +123,6 @@ class FedsafeStrategy(_flwr_fedavg()):  # type: ignore[misc]
     @staticmethod
     def _check(cfg: ExperimentConfig) -> ExperimentConfig:
         problems = config_problems(cfg)  # fedsafe.flower.check: what `fedsafe check --flower-strategy` says
-        if cfg.crfl.enabled and cfg.crfl.certify:  # the clip and noise run here; certifying needs the model and test data
-            problems.append(
-                "crfl.certify: FedsafeStrategy holds neither the model nor test data, so it cannot certify the "
-                "smoothed model; set crfl.certify = false (each round's clipping and noise still run), or use "
-                "fedsafe's own ServerApp (fedsafe.flower.server_app), which certifies"
-            )
         if problems:
             raise ConfigError(problems)
         return cfg

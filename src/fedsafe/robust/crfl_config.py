@@ -100,6 +100,11 @@ def make_plugin(setup: Any) -> Any:
     cfg = setup.cfg
     if not cfg.crfl.enabled:
         return None
+    problems = cfg.crfl.problems(cfg)
+    if problems:  # the config's own lines, so `fedsafe check` (which also builds plugins) says each once
+        from fedsafe.core.errors import ConfigError
+
+        raise ConfigError([msg for msg, _ in problems])
     from fedsafe.robust.crfl import CRFLPlugin, threat_from_config
 
     return CRFLPlugin(cfg.crfl, rounds=cfg.rounds, source=setup.source,
