@@ -18,8 +18,9 @@ CPU-minutes, most of it the SABLE and BAFFLE runs):
     mnist_audit     mnist_audit_all_iterates.png                   recipes/mnist_audit.toml (z = 0.3)
     mnist_baffle    mnist_baffle_accuracy.png                      recipes/mnist_baffle.toml (K = 100, backprop)
     mnist_sable     mnist_sable_accuracy.png                       recipes/mnist_sable.toml (ALIE, FOE)
+    mnist_frontier  mnist_frontier.png, mnist_frontier.csv         recipes/mnist_frontier.toml (5 sweeps, 99 runs, ~40 min)
 
-    python docs/make_figures.py [--mnist] [--only NAME ...] [--quick] [--out-dir DIR] [--work-dir DIR] [--list]
+    python docs/make_figures.py [--mnist] [--only NAME ...] [--quick] [--out-dir DIR] [--work-dir DIR [--resume]] [--list]
     make figures                                          # the digits figures, into docs/figures/
     python docs/make_figures.py --mnist                   # the MNIST figures, into docs/figures/
 
@@ -142,6 +143,48 @@ def _report(work: Path, quick: bool) -> list[str]:
     return ["report", str(work), "--out", str(work / "report")]
 
 
+# The frontier (recipes/mnist_frontier.toml): one sweep per method over the attack settings (ALIE
+# and FOE with f = 3, no attack with f = 0) and, for the DP methods, dp.target_epsilon; then
+# `fedsafe frontier` over the five sweep folders.
+FRONTIER_ATTACKS = 'attack={name="alie",f=3},{name="foe",f=3},{name="none",f=0}'
+FRONTIER_METHODS: dict[str, tuple[str, ...]] = {  # method: its --grid / --set options on the recipe
+    "no_dp": (),
+    "dpsgd": ("--grid", "dp.target_epsilon=0.05,0.5,5", "--set", "dp.enabled=true", "--set", "dp.unit=example",
+              "--set", "dp.placement=local", "--set", "dp.clip=3", "--set", "dp.accountant=rdp"),
+    "central": ("--grid", "dp.target_epsilon=8,64,512", "--set", "dp.enabled=true", "--set", "dp.placement=central",
+                "--set", "robust.rule=mean", "--set", "robust.pre=[]"),
+    "local": ("--grid", "dp.target_epsilon=64,512,4096", "--set", "dp.enabled=true", "--set", "dp.placement=local"),
+    "sable": ("--set", "protocol=he", "--set", "robust.pre=[]"),
+}
+
+
+def _frontier_options(options: tuple[str, ...], quick: bool) -> list[str]:
+    if not quick:
+        return list(options)
+    # quick: the lowest and highest ε of each grid only
+    out = list(options)
+    for i, o in enumerate(out):
+        if o.startswith("dp.target_epsilon="):
+            values = o.split("=", 1)[1].split(",")
+            out[i] = f"dp.target_epsilon={values[0]},{values[-1]}"
+    return out
+
+
+def _frontier_sweep(method: str) -> Command:
+    def command(work: Path, quick: bool) -> list[str]:
+        return ["sweep", "recipes/mnist_frontier.toml", "--seeds", "2" if quick else "3", "--jobs", "1",
+                "--out", str(work / method), "--grid", FRONTIER_ATTACKS,
+                *_frontier_options(FRONTIER_METHODS[method], quick),
+                *_quick(quick, "rounds=2", "eval_every=1", "data.max_train=2000", "data.max_test=500")]
+
+    command.__name__ = f"_frontier_sweep_{method}"
+    return command
+
+
+def _frontier_report(work: Path, quick: bool) -> list[str]:
+    return ["frontier", *(str(work / m) for m in FRONTIER_METHODS), "--out", str(work / "figure")]
+
+
 FIGURES: dict[str, FigureSpec] = {
     f.name: f
     for f in (
@@ -165,6 +208,10 @@ FIGURES: dict[str, FigureSpec] = {
                    (_mnist_baffle_run, _report), {"mnist_baffle_accuracy.png": "report/accuracy.png"}, mnist=True),
         FigureSpec("mnist_sable", "MNIST: SABLE (emulated HTS) against Robust-DSGD under ALIE and FOE",
                    (_mnist_sable_run, _report), {"mnist_sable_accuracy.png": "report/accuracy.png"}, mnist=True),
+        FigureSpec("mnist_frontier", "MNIST: accuracy vs ε under ALIE / FOE / no attack, five methods, 3 seeds",
+                   (*(_frontier_sweep(m) for m in FRONTIER_METHODS), _frontier_report),
+                   {"mnist_frontier.png": "figure/frontier.png", "mnist_frontier.csv": "figure/frontier.csv"},
+                   mnist=True),
     )
 }
 
@@ -189,9 +236,10 @@ def run_fedsafe(argv: Sequence[str]) -> None:
         raise RuntimeError(f"exit status {rc}: {shell_line(argv)}")
 
 
-def make_figure(spec: FigureSpec, work: Path, out_dir: Path, quick: bool) -> list[Path]:
-    """Run ``spec``'s commands in ``work`` (created) and copy its outputs to ``out_dir``."""
-    work.mkdir(parents=True)
+def make_figure(spec: FigureSpec, work: Path, out_dir: Path, quick: bool, resume: bool = False) -> list[Path]:
+    """Run ``spec``'s commands in ``work`` (created; with ``resume`` it may exist) and copy its
+    outputs to ``out_dir``."""
+    work.mkdir(parents=True, exist_ok=resume)
     for command in spec.commands:
         argv = command(work, quick)
         print(f"[{spec.name}] $ {shell_line(argv)}", flush=True)
@@ -217,6 +265,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="where the figures go (default docs/figures/; --quick: a new temporary directory)")
     p.add_argument("--work-dir", type=Path, default=None,
                    help="keep the runs here (must be empty or absent; default: a temporary directory, removed)")
+    p.add_argument("--resume", action="store_true",
+                   help="accept a --work-dir that is not empty: the sweeps there reuse their finished runs "
+                        "(for a figure made of sweeps, such as mnist_frontier, after an interruption)")
     p.add_argument("--list", action="store_true", help="print each figure's files and commands, run nothing")
     args = p.parse_args(argv)
     names = [n.strip() for item in args.only for n in item.split(",") if n.strip()]
@@ -225,8 +276,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error(f"--only {', '.join(unknown)}: unknown figure; valid: {', '.join(FIGURES)}")
     args.names = ([n for n in FIGURES if n in names] if names
                   else [n for n, spec in FIGURES.items() if spec.mnist == args.mnist])
-    if args.work_dir is not None and args.work_dir.exists() and any(args.work_dir.iterdir()):
-        p.error(f"--work-dir {args.work_dir}: not empty (give an empty or new directory)")
+    if args.resume and args.work_dir is None:
+        p.error("--resume needs --work-dir (the folder of the interrupted runs)")
+    if args.work_dir is not None and args.work_dir.exists() and any(args.work_dir.iterdir()) and not args.resume:
+        p.error(f"--work-dir {args.work_dir}: not empty (give an empty or new directory, or --resume)")
     return args
 
 
@@ -261,7 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in args.names:
             t0 = time.perf_counter()
             try:
-                written = make_figure(FIGURES[name], work_root / name, out_dir, args.quick)
+                written = make_figure(FIGURES[name], work_root / name, out_dir, args.quick, args.resume)
             except RuntimeError as e:
                 print(f"error: figure {name}: {e}", file=sys.stderr)
                 return 1

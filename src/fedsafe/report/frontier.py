@@ -306,7 +306,8 @@ def figure_frontier(points: Sequence[Point]):
     colors = {m: f"C{i % 10}" for i, m in enumerate(methods)}
     fig = Figure(figsize=(6.2 * len(attacks), 5.4), layout="constrained")
     axes = fig.subplots(1, len(attacks), sharey=True, squeeze=False)[0]
-    offsets = {m: 10 ** (0.06 * (i - (len(methods) - 1) / 2)) for i, m in enumerate(methods)}
+    at_inf = [m for m in methods if any(p.method == m and not p.private for p in points)]
+    offsets = {m: 10 ** (0.12 * (i - (len(at_inf) - 1) / 2)) for i, m in enumerate(at_inf)}
     for ax, attack in zip(axes, attacks):
         for m in methods:
             for which, dashed in ((attack, False), (NO_ATTACK, True)):
@@ -334,7 +335,7 @@ def figure_frontier(points: Sequence[Point]):
         ax.axvline(math.sqrt(hi * x_inf), color="0.5", lw=0.8, ls=":")
         ticks = [t for t in ax.get_xticks() if lo / 3 <= t <= hi * 1.5]
         ax.set_xticks([*ticks, x_inf], [*(f"{t:g}" for t in ticks), "∞\n(no DP)"])
-        ax.set_xlim(lo / 2, x_inf * 2)
+        ax.set_xlim(lo / 2, x_inf * 10 ** (0.12 * len(at_inf) / 2 + 0.25))
         ax.set_ylim(0, 100)
         ax.grid(True, alpha=0.3)
         ax.set_xlabel("ε reported by each run (mean over seeds; δ from its config)")
