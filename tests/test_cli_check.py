@@ -295,13 +295,15 @@ def test_a_config_with_a_plugin_that_transforms_no_client_row_is_checked(tmp_pat
 
 
 def test_both_flower_paths_report_example_level_dp_and_crfl_certification(tmp_path):
-    # DP-SGD runs in the engine's client work only; the strategy cannot certify CRFL (the ServerApp
-    # can): each path names the setting it refuses, before anything runs
+    # DP-SGD runs in fedsafe's client work (the engine's, or its ClientApp's on each node), not in
+    # your own ClientApps; the strategy cannot certify CRFL (the ServerApp can): each refusal names
+    # the setting, before anything runs
     dpsgd = _write(tmp_path, SMALL + '[dp]\nenabled = true\nunit = "example"\nplacement = "local"\n', "dpsgd.toml")
-    assert runner.invoke(app, ["check", str(dpsgd)]).exit_code == 0
-    for flag in ("--flower", "--flower-strategy"):
-        r = runner.invoke(app, ["check", str(dpsgd), flag])
-        assert r.exit_code == 2 and _errors(r.output)[0].startswith("dp.unit = 'example'"), r.output
+    for flags in ([], ["--flower"]):
+        r = runner.invoke(app, ["check", str(dpsgd), *flags])
+        assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["check", str(dpsgd), "--flower-strategy"])
+    assert r.exit_code == 2 and _errors(r.output)[0].startswith("dp.unit = 'example'"), r.output
     crfl = _write(tmp_path, SMALL + "[crfl]\nenabled = true\nattackers = 1\npoison_fraction = 0.5\n", "crfl.toml")
     assert runner.invoke(app, ["check", str(crfl), "--flower"]).exit_code == 0
     r = runner.invoke(app, ["check", str(crfl), "--flower-strategy"])

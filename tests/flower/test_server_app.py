@@ -35,6 +35,9 @@ CASES = {
     "dp_central_adaptive": {"dp": {**DP, "placement": "central", "adaptive": True, "count_stddev": 1.0}},
     "dp_audit": {"dp": {**DP, "placement": "central"}, "audit": {"canaries": 4}, "clients": {"algorithm": "fedavg"}},
     "zeroth_order": {"clients": {"gradient": "zeroth_order"}, "zo": {"k": 4}},
+    # DP-SGD on the nodes (their own per-step noise), each replying client's steps accounted by the server
+    "dp_example": {"dp": {**DP, "placement": "local", "unit": "example"}, "clients": {"algorithm": "fedavg", "local_steps": 2}},
+    "dp_example_secagg": {"protocol": "secagg", "dp": {**DP, "placement": "local", "unit": "example"}},
     "secagg_distributed_dp": {"protocol": "secagg", "dp": {**DP, "placement": "distributed"}},
     # the encoding ranges follow the adaptive clip norm and the noise: the nodes get them in SETUP
     "secagg_distributed_dp_adaptive": {

@@ -122,7 +122,9 @@ class ClientTransform(RoundPlugin):
     def configure_clients(self, work: Any) -> None:
         """Called once, before the first round, with the engine's client work
         (``fedsafe.engine.clients.ClientWork``): a plugin that parameterises the clients'
-        local computation (the inherent-noise plugin's σ²) sets it here."""
+        local computation (the inherent-noise plugin's σ², example-level DP's private
+        gradients) sets it here. On a Flower node, fedsafe's ClientApp calls a client's own
+        instance with the node's client work before each local training."""
         return None
 
     def transform_honest(self, updates: Tensor, ctx: RoundContext, ids: np.ndarray) -> Tensor:

@@ -85,7 +85,7 @@ def config_problems(cfg: ExperimentConfig) -> list[str]:
     if cfg.dp.enabled and cfg.dp.unit == "example":
         problems.append(
             "dp.unit = 'example': DP-SGD runs inside each client's training, which your own ClientApps do; "
-            "use dp.unit = 'client' (Flower's DP mods), or run DP-SGD in fedsafe's engine (fedsafe run)"
+            "use dp.unit = 'client' (Flower's DP mods), or fedsafe's own ServerApp and ClientApp, which run it"
         )
     if cfg.crfl.enabled and cfg.crfl.certify:  # the clip and noise run in the strategy; certifying needs more
         problems.append(

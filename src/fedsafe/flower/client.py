@@ -6,9 +6,10 @@ three messages from fedsafe's ServerApp (:mod:`fedsafe.flower.server`):
 
 - ``query.fedsafe_hello``: which client it holds;
 - ``train.fedsafe``: the round's local work at the global model, exactly the engine's client
-  code (``ClientWork``, the configured algorithm, zeroth order included), then the client-side
-  transforms of the round plugins *on the node*: DP clipping and, for ``local`` and
-  ``distributed`` placement, the client's own Gaussian noise. Its noise comes from a secret the
+  code (``ClientWork``, the configured algorithm, zeroth order included; with ``dp.unit =
+  "example`` every local step a DP-SGD step: per-example clipping and the client's own noise),
+  then the client-side transforms of the round plugins *on the node*: DP clipping and, for
+  ``local`` and ``distributed`` placement, the client's own Gaussian noise. Its noise comes from a secret the
   node draws from the OS for every message (:class:`fedsafe.core.randomness.RandomSource`)
   unless the run asks for ``noise_seed = "experiment"`` or its config sets
   ``secure_randomness = false`` (the experiment's seed: reproducible, and the server could
@@ -89,19 +90,22 @@ class _Node:
         noise source."""
         import torch
 
-        return client_plugins(self.cfg, source, torch.zeros(self.dim))
+        sizes = tuple(len(ix) for ix in self.data.client_indices)  # example-level DP samples each client's records
+        return client_plugins(self.cfg, source, torch.zeros(self.dim), sizes)
 
 
 CLIENT_SIDE_PLUGINS = ("dp",)  # the round plugins whose transform_honest runs on the clients
 
 
-def client_plugins(cfg: Any, source: Any, initial: torch.Tensor) -> list[Any]:
+def client_plugins(cfg: Any, source: Any, initial: torch.Tensor, client_sizes: tuple[int, ...] | None = None) -> list[Any]:
     """The client-side round plugins ``cfg`` enables (:data:`CLIENT_SIDE_PLUGINS`), as one
     client's own instances: ``source`` (a :class:`~fedsafe.core.randomness.RandomSource`) is
-    where that client's noise comes from."""
+    where that client's noise comes from; ``client_sizes`` the clients' record counts (example-
+    level DP samples from them; 1 each when not given: client-level DP does not read them)."""
     from fedsafe.core.plugins import make_plugins
 
-    return make_plugins(cfg, source, initial, (1,) * cfg.clients.num_clients, CLIENT_SIDE_PLUGINS)
+    sizes = client_sizes if client_sizes is not None else (1,) * cfg.clients.num_clients
+    return make_plugins(cfg, source, initial, sizes, CLIENT_SIDE_PLUGINS)
 
 
 _NODES: dict[tuple[str, int, int], _Node] = {}
@@ -198,14 +202,17 @@ def client_app(
         source = noise_source(choice, node.cfg)
         node.work.algorithm.load_remote_settings(conf, experiment=node.cfg, source=source)
         ids = np.array([cid])
+        plugins = [] if poisoned else node.client_plugins(source)  # a Byzantine client skips them
+        for p in plugins:  # example-level DP: this client's steps are DP-SGD steps, with its noise
+            p.configure_clients(node.work)
         res = node.work.run(t, params, ids, momentum, node.poison if poisoned else None)
         update = res.updates
         reports: dict[str, float] = {}
-        if not poisoned:  # an honest client's client-side transforms (a Byzantine one skips them)
+        if plugins:  # an honest client's client-side transforms
             from fedsafe.core.types import RoundContext
 
             ctx = RoundContext(t, node.cfg.seed, (cid,), 0)
-            for p in node.client_plugins(source):
+            for p in plugins:
                 p.load_client_state({k.split(".", 1)[1]: conf[k] for k in conf if k.startswith(f"{p.name}.")})
                 update = p.transform_honest(update, ctx, ids)
                 reports.update(p.client_reports())

@@ -53,11 +53,6 @@ def check_config(cfg: ExperimentConfig) -> None:
             )
         if job.protocol == "secagg":
             problems.extend(where + p for p in secagg_problems(job))
-        if job.dp.enabled and job.dp.unit == "example":
-            problems.append(
-                f"{where}dp.unit = 'example': fedsafe's ClientApp does not run DP-SGD yet (its steps and their "
-                "accounting live in the engine's client work); use dp.unit = 'client', or run it with fedsafe run"
-            )
         if job.clients.num_clients != cfg.clients.num_clients:
             problems.append(f"{where}every variant must keep clients.num_clients (one SuperNode per client)")
     if problems:

@@ -190,9 +190,9 @@ def per_example_clipped_sums(
             try:
                 return hook_clipped_sums(model, layout, layers, params, x, y, owner, n, clip, criterion=criterion,
                                          chunk_bytes=chunk_bytes)
-            except _NotCovered:
+            except _NotCovered as e:
                 if method == "hooks":
-                    raise
+                    raise ValueError(f"the hook path cannot follow this model's forward: {e}; use method 'vmap'") from None
                 _HOOK_CHECKED[model] = False  # e.g. a layer skipped on some inputs: vmap from now on
     return _vmap_clipped_sums(model, layout, params, x, y, owner, n, clip, criterion=criterion,
                               chunk_bytes=chunk_bytes)
@@ -686,6 +686,7 @@ class ExampleDPPlugin(ClientTransform, Observer):
         self.accounting = ExampleAccounting(settings, client_sizes, delta=delta, accountant=accountant)
         self.accounting.check()
         self._configured = False  # whether a client work took the oracle (configure_clients)
+        self._remote_steps: np.ndarray | None = None  # remote clients: each one's local steps a round
 
     def _require_clients(self) -> None:
         """A round whose clients never took the DP-SGD oracle would release non-private updates
@@ -703,12 +704,27 @@ class ExampleDPPlugin(ClientTransform, Observer):
         return dim
 
     def configure_clients(self, work: Any) -> None:
+        """Hand ``work`` the DP-SGD oracle. Remote clients (fedsafe's Flower ClientApp, whose
+        nodes configure their own client work with this plugin) run DP-SGD themselves: the
+        server then counts each honest client's local steps in the rounds it replied to, the
+        steps the run's schedule fixes (``work.steps``: a dsgd client takes 1, fedavg its
+        ``local_steps`` or epochs of batches), and the clients report nothing about their data."""
         from fedsafe.core.errors import ConfigError
 
+        if getattr(work, "remote_clients", False):
+            steps = getattr(work, "steps", None)
+            if steps is None or len(steps) != len(self.oracle.steps):
+                raise ConfigError([
+                    f"dp.unit = 'example': these remote clients ({type(work).__name__}) do not say how many "
+                    "local steps each takes, which the accountant needs"
+                ])
+            self._remote_steps = np.asarray(steps, dtype=np.int64).copy()
+            self._configured = True
+            return
         use = getattr(work, "use_private_gradients", None)
-        if getattr(work, "remote_clients", False) or use is None:
+        if use is None:
             raise ConfigError([
-                "dp.unit = 'example' runs DP-SGD inside the in-process client work; these clients "
+                "dp.unit = 'example' runs DP-SGD inside the client work; these clients "
                 f"({type(work).__name__}) cannot run it: use execution = 'auto', 'serial' or 'vectorized'"
             ])
         use(self.oracle)
@@ -720,6 +736,9 @@ class ExampleDPPlugin(ClientTransform, Observer):
 
     def observe_honest(self, ctx: Any, ids: np.ndarray, reports: list[dict[str, float]]) -> None:
         self._require_clients()
+        if self._remote_steps is not None:  # the honest clients that replied ran their steps on their nodes
+            ids = np.asarray(ids, dtype=np.int64)
+            self.oracle.steps[ids] += self._remote_steps[ids]
 
     # -- observer
     def on_round_end(self, fed: Any, row: dict[str, Any]) -> dict[str, Any]:
@@ -727,7 +746,9 @@ class ExampleDPPlugin(ClientTransform, Observer):
         s = self.settings
         out: dict[str, Any] = {"delta": self.accounting.delta, "clip": s.clip, "noise_multiplier": s.z}
         t, cfg = row["round"], fed.cfg
-        if self.accounting.accountant == "rdp" or t % cfg.eval_every == 0 or t >= cfg.rounds:
+        from fedsafe.privacy.dp.accounting import engine_class
+
+        if engine_class(self.accounting.accountant).epsilon_every_round or t % cfg.eval_every == 0 or t >= cfg.rounds:
             out.update(self.accounting.report(self.oracle.steps))
         frac = self.oracle.take_clipped_fraction()
         if frac is not None:
