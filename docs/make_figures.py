@@ -19,6 +19,7 @@ CPU-minutes, most of it the SABLE and BAFFLE runs):
     mnist_baffle    mnist_baffle_accuracy.png                      recipes/mnist_baffle.toml (K = 100, backprop)
     mnist_sable     mnist_sable_accuracy.png                       recipes/mnist_sable.toml (ALIE, FOE)
     mnist_frontier  mnist_frontier.png, mnist_frontier.csv         recipes/mnist_frontier.toml (5 sweeps, 99 runs, ~40 min)
+    mnist_robust_backdoor  mnist_robust_backdoor_{sweep,worst_case}.csv, _heatmap{,_asr}.png  recipes/mnist_robust_backdoor.toml (297 runs)
 
     python docs/make_figures.py [--mnist] [--only NAME ...] [--quick] [--out-dir DIR] [--work-dir DIR [--resume]] [--list]
     make figures                                          # the digits figures, into docs/figures/
@@ -185,6 +186,20 @@ def _frontier_report(work: Path, quick: bool) -> list[str]:
     return ["frontier", *(str(work / m) for m in FRONTIER_METHODS), "--out", str(work / "figure")]
 
 
+# recipes/mnist_robust_backdoor.toml: eleven rules against nine attacks, 3 seeds; quick: two of each
+ROBUST_RULES = "mean,median,trimmed_mean,multi_krum,centered_clipping,fltrust,flame,foolsgold,fldetector,rlr,freqfed"
+ROBUST_ATTACKS = ("optimal_alie,optimal_foe,pattern_backdoor,model_replacement,dba,neurotoxin,edge_case_backdoor,"
+                  "adaptive_fltrust,adaptive_flame")
+
+
+def _mnist_robust_backdoor_sweep(work: Path, quick: bool) -> list[str]:
+    rules, attacks = ("mean,fldetector", "optimal_alie,dba") if quick else (ROBUST_RULES, ROBUST_ATTACKS)
+    return ["sweep", "recipes/mnist_robust_backdoor.toml", "--seeds", "2" if quick else "3", "--jobs", "1",
+            "--out", str(work), "--grid", f"robust.rule={rules}", "--grid", f"attack.name={attacks}",
+            "--rows", "robust.rule", "--cols", "attack.name", "--worst-case",
+            *_quick(quick, "rounds=2", "eval_every=1", "data.max_train=2000", "data.max_test=500")]
+
+
 FIGURES: dict[str, FigureSpec] = {
     f.name: f
     for f in (
@@ -212,6 +227,12 @@ FIGURES: dict[str, FigureSpec] = {
                    (*(_frontier_sweep(m) for m in FRONTIER_METHODS), _frontier_report),
                    {"mnist_frontier.png": "figure/frontier.png", "mnist_frontier.csv": "figure/frontier.csv"},
                    mnist=True),
+        FigureSpec("mnist_robust_backdoor", "MNIST: 11 rules x 9 attacks (acc, ASR), worst case per rule, 3 seeds",
+                   (_mnist_robust_backdoor_sweep,),
+                   {"mnist_robust_backdoor_sweep.csv": "sweep.csv",
+                    "mnist_robust_backdoor_worst_case.csv": "worst_case.csv",
+                    "mnist_robust_backdoor_heatmap.png": "heatmap.png",
+                    "mnist_robust_backdoor_heatmap_asr.png": "heatmap_asr.png"}, mnist=True),
     )
 }
 
