@@ -146,26 +146,28 @@ def test_sweep_writes_worst_case_csv_matching_its_runs(tmp_path):
 
 
 def test_runs_sharing_a_loaded_dataset_match_runs_that_load_their_own(tmp_path):
-    import fedsafe.engine.federation as federation
     from fedsafe.config import validate
+    from fedsafe.data.loader import SHARED_LOADS, load_federated, shared_loads
     from fedsafe.engine.run import run_experiment
-    from fedsafe.engine.sweep import shared_datasets
 
     base = {"rounds": 2, "eval_every": 1, "data": {"name": "digits", "max_train": 300, "partition": "dirichlet"},
             "model": {"name": "logreg"}, "clients": {"num_clients": 7}, "attack": {"name": "pattern_backdoor", "f": 1}}
     grid = parse_grid(["robust.rule=mean,median"])
     recs = run_sweep(base, grid, tmp_path / "s", seeds=2)  # in one process: the cells share the loads
-    assert federation.load_federated.__name__ == "load_federated"  # put back afterwards
     for rec in recs:
         for seed, acc in zip(rec["seeds"], rec["final_accuracy_seeds"]):
             cfg = validate({**base, "seed": seed, "robust": {"rule": rec["robust.rule"]}})
             alone = run_experiment(cfg, tmp_path / f"{rec['robust.rule']}{seed}", quiet=True)[cfg.name]
             assert alone["final_accuracy"] == acc
-    # a dataset changed in place is loaded afresh
     cfg = validate(base)
-    with shared_datasets():
-        first = federation.load_federated(cfg.data, 7, 0)
-        assert federation.load_federated(cfg.data, 7, 0) is first
-        first.x_train.add_(1.0)
-        again = federation.load_federated(cfg.data, 7, 0)
+    assert load_federated(cfg.data, 7, 0) is not load_federated(cfg.data, 7, 0)  # outside: every call loads
+    with shared_loads():
+        first = load_federated(cfg.data, 7, 0)
+        assert load_federated(cfg.data, 7, 0) is first
+        assert load_federated(cfg.data, 7, 1) is not first  # another seed, another partition
+        first.x_train.add_(1.0)  # a dataset changed in place is loaded afresh
+        again = load_federated(cfg.data, 7, 0)
         assert again is not first and not torch.equal(again.x_train, first.x_train)
+        for seed in range(1, SHARED_LOADS + 1):  # the least recently used is dropped
+            load_federated(cfg.data, 7, seed)
+        assert load_federated(cfg.data, 7, 0) is not again

@@ -51,6 +51,7 @@ from fedsafe.config import (
 from fedsafe.core.errors import RunDirError
 from fedsafe.engine.metrics import SUMMARY
 from fedsafe.engine.outdir import REPORT, DirLock, OutputKind, check_folder, clear, entries, foreign, lock_holder
+from fedsafe.data.loader import shared_loads
 from fedsafe.engine.run import CONFIG, RUN, describe_os_error, is_run_dir, prepare_out_dir, run_experiment
 
 SWEEP_CSV = "sweep.csv"
@@ -443,48 +444,6 @@ def _run_cell(cfg_toml: str, out_dir: str, threads: int) -> dict[str, Any]:
         return {"not_applicable": "; ".join(e.problems)}
 
 
-def _fingerprint(data: Any) -> tuple[float, ...]:
-    # Sums of the tensors a run reads: a run that changed them in place changes these
-    return (float(data.x_train.sum(dtype=torch.float64)), float(data.x_test.sum(dtype=torch.float64)),
-            int(data.y_train.sum()), int(data.y_test.sum()), *(int(i.sum()) for i in data.client_indices))
-
-
-#: How many loaded datasets :func:`shared_datasets` keeps (a sweep's seeds each partition anew).
-SHARED_DATASETS = 4
-
-
-@contextmanager
-def shared_datasets() -> Iterator[None]:
-    """While in effect, runs in this process that load the same data (the same ``data``
-    section, client count and seed) share one loaded dataset instead of reading and
-    partitioning it again (MNIST: about 2 s of a 5 s run). ``load_federated`` is deterministic
-    in those three, so a shared copy is what the run would have loaded; before each reuse the
-    tensors' sums are compared with those at loading, and a copy a run changed in place is
-    loaded afresh. Only for runs in this process (``jobs = 1``)."""
-    import fedsafe.engine.federation as federation
-
-    load = federation.load_federated
-    cache: dict[str, tuple[Any, tuple[float, ...]]] = {}
-
-    def shared(cfg: Any, num_clients: int, seed: int) -> Any:
-        key = json.dumps([cfg.model_dump(mode="json"), int(num_clients), int(seed)], sort_keys=True)
-        hit = cache.get(key)
-        if hit is not None and _fingerprint(hit[0]) == hit[1]:
-            return hit[0]
-        data = load(cfg, num_clients, seed)
-        cache.pop(key, None)
-        while len(cache) >= SHARED_DATASETS:  # the oldest goes first
-            cache.pop(next(iter(cache)))
-        cache[key] = (data, _fingerprint(data))
-        return data
-
-    federation.load_federated = shared
-    try:
-        yield
-    finally:
-        federation.load_federated = load
-
-
 def run_sweep(
     base_raw: dict[str, Any],
     grid: dict[str, list[Any]],
@@ -558,7 +517,7 @@ def _run_sweep(
             for fut in as_completed(futures):  # report runs as they finish, not in grid order
                 finish(futures[fut], fut.result())
     else:
-        with shared_datasets():
+        with shared_loads():
             for rep, a in zip(pending, args):
                 finish(rep, _run_cell(*a))
 
