@@ -282,12 +282,13 @@ def sweep(
     seeds: Annotated[int, typer.Option("--seeds", min=1, metavar="N", help="runs per cell, with seeds s, s+1, ... (s: the config's seed)")] = 1,
     rows: Annotated[Optional[str], typer.Option("--rows", metavar="KEY", help="heatmap rows (default robust.rule)")] = None,
     cols: Annotated[Optional[str], typer.Option("--cols", metavar="KEY", help="heatmap columns (default attack.f)")] = None,
-    worst_case: Annotated[bool, typer.Option("--worst-case", help="add a panel: minimum over the other axes")] = False,
+    worst_case: Annotated[bool, typer.Option("--worst-case", help="add a panel: minimum over the other axes (with attacks as columns, a 'worst case' column in the heatmaps)")] = False,
     per: Annotated[list[str], typer.Option("--per", metavar="KEY", help="a grid axis judged separately in best_worst_case, like attack.f (repeatable)")] = [],  # noqa: B006
     overwrite: Annotated[bool, typer.Option("--overwrite", help="rerun every cell of an earlier sweep in --out, or write into a folder holding other files (only fedsafe's own outputs there are replaced)")] = False,
 ) -> None:
-    """Run a grid of experiments; write sweep.csv, a heatmap of final accuracy, and each rule's
-    best hyper-parameters under the worst attack (best_worst_case.csv / .png)."""
+    """Run a grid of experiments; write sweep.csv, a heatmap of final accuracy, each setting's
+    worst case over the attacks (worst_case.csv: lowest accuracy, highest attack success), and
+    each rule's best hyper-parameters under the worst attack (best_worst_case.csv / .png)."""
     from rich.progress import BarColumn, Progress, TextColumn
 
     from fedsafe.config import (
@@ -300,6 +301,7 @@ def sweep(
     from fedsafe.engine.outdir import describe_os_error
     from fedsafe.engine.sweep import (
         BEST_CSV,
+        WORST_CSV,
         best_worst_case,
         cell_configs,
         parse_grid,
@@ -354,6 +356,7 @@ def sweep(
                 records = run_sweep(base, axes, out_dir, jobs=jobs, seeds=seeds, overwrite=overwrite, on_progress=show)
             out.print(f"wrote {out_dir / 'sweep.csv'}", highlight=False)
             out.print(f"wrote {out_dir / 'sweep_seeds.csv'}", highlight=False)
+            out.print(f"wrote {out_dir / WORST_CSV}", highlight=False)
             best = best_worst_case(records, keys, per)
             out.print(f"wrote {write_best_worst_case_csv(out_dir / BEST_CSV, roles, best)}", highlight=False)
             png = plot_best_worst_case(best, roles, out_dir / "best_worst_case.png")
