@@ -102,3 +102,51 @@ def test_quick_mode_remakes_every_figure_identically(tmp_path: Path) -> None:
     assert again == ["audit_all_iterates.png", "inherent_accuracy_vs_epsilon.png", "inherent_sweep.csv"]
     for name in again:
         assert (second / name).read_bytes() == (first / name).read_bytes(), f"{name} differs between two runs"
+
+
+# -- mnist_frontier: its commands are the recipe's, its quick path shrinks every sweep, and --resume
+# reuses an interrupted work directory (the plotting command itself: tests/report/test_frontier.py)
+
+def _argv(quick: bool) -> list[list[str]]:
+    spec = load_script().FIGURES["mnist_frontier"]
+    return [command(Path("W"), quick) for command in spec.commands]
+
+
+def test_the_figure_runs_the_recipes_commands():
+    mf = load_script()
+    spec = mf.FIGURES["mnist_frontier"]
+    assert spec.mnist and set(spec.outputs) == {"mnist_frontier.png", "mnist_frontier.csv"}
+    *sweeps, report = _argv(quick=False)
+    assert [a[0] for a in sweeps] == ["sweep"] * 5 and report[0] == "frontier"
+    assert report[1:-2] == [str(Path("W") / m) for m in ("no_dp", "dpsgd", "central", "local", "sable")]
+    header = (ROOT / "recipes" / "mnist_frontier.toml").read_text()
+    for argv in sweeps:
+        assert argv[argv.index("--seeds") + 1] == "3" and argv[argv.index("--jobs") + 1] == "1"
+        # every grid and --set of the figure appears in the recipe's header, as typed there
+        for flag, value in zip(argv, argv[1:]):
+            if flag in ("--grid", "--set") and not value.startswith("attack="):
+                assert f"{flag} {value}" in header or f"{flag} '{value}'" in header, (flag, value)
+    assert "fedsafe frontier runs/frontier/no_dp runs/frontier/dpsgd" in header
+
+
+def test_quick_mode_shrinks_every_sweep():
+    for argv in _argv(quick=True)[:-1]:
+        assert argv[argv.index("--seeds") + 1] == "2"
+        assert "rounds=2" in argv and "data.max_train=2000" in argv
+        grids = [v for f, v in zip(argv, argv[1:]) if f == "--grid" and v.startswith("dp.target_epsilon=")]
+        assert all(len(g.split("=", 1)[1].split(",")) == 2 for g in grids)
+
+
+def test_resume_needs_a_work_dir_and_accepts_a_used_one(tmp_path):
+    res = subprocess.run([sys.executable, str(SCRIPT), "--resume", "--list"], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 2 and "--resume needs --work-dir" in res.stderr
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "x").write_text("")
+    res = subprocess.run([sys.executable, str(SCRIPT), "--work-dir", str(tmp_path / "old"), "--list"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "or --resume" in res.stderr
+    res = subprocess.run([sys.executable, str(SCRIPT), "--work-dir", str(tmp_path / "old"), "--resume", "--list",
+                          "--only", "mnist_frontier"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "fedsafe frontier" in res.stdout
