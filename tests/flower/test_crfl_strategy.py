@@ -7,7 +7,6 @@ ServerApp runs the engine: the same model and certificate as the engine's."""
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,20 +17,7 @@ from fedsafe.core.streams import torch_stream
 
 from .fakegrid import FakeGrid
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "flower_strategy"
 RUN_CONFIG = {"local-epochs": 1, "lr": 0.2}
-
-
-@pytest.fixture(scope="module")
-def digits():
-    sys.path.insert(0, str(EXAMPLE))
-    try:
-        import digits_app.client_app as client
-        import digits_app.task as task
-
-        yield client, task
-    finally:
-        sys.path.remove(str(EXAMPLE))
 
 
 def _naive(params: torch.Tensor, rho: float, sigma: float, seed: int, t: int, noise: bool) -> torch.Tensor:
@@ -52,7 +38,7 @@ def test_the_strategy_clips_and_perturbs_the_global_model(digits) -> None:
     from fedsafe.flower import FedsafeStrategy
     from fedsafe.flower.records import flatten_arrays
 
-    client, task = digits
+    client, task, _ = digits
     exp = {"clients": {"num_clients": 4}, "seed": 5, "secure_randomness": False,
            "crfl": {"enabled": True, "certify": False, "rho": 100.0, "rho_start": 0.5, "rho_growth": 0.25,
                     "sigma_train": 0.05}}

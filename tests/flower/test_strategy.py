@@ -16,21 +16,7 @@ from fedsafe.engine.run import run_experiment
 
 from .fakegrid import FakeGrid
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "flower_strategy"
 RUN_CONFIG = {"local-epochs": 1, "lr": 0.2}
-
-
-@pytest.fixture(scope="module")
-def digits():
-    sys.path.insert(0, str(EXAMPLE))
-    try:
-        import digits_app.client_app as client
-        import digits_app.server_app as server
-        import digits_app.task as task
-
-        yield client, task, server
-    finally:
-        sys.path.remove(str(EXAMPLE))
 
 
 def _start(strategy, app, rounds: int = 2, n: int = 4):
