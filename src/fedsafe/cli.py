@@ -7,10 +7,12 @@ each (``error: ...``, no markup, so ``[section]`` names survive) and exit with s
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 import warnings
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Annotated, Any, Callable, Optional
 
 import typer
@@ -29,6 +31,23 @@ err = Console(stderr=True)
 out = Console()
 if not out.is_terminal:  # piped or captured: rich would assume 80 columns and wrap the tables
     out = Console(width=160)
+
+
+@contextlib.contextmanager
+def _writing(out_dir: Path) -> Iterator[None]:
+    """A command that writes figures and tables into ``out_dir``: a report error, a refusal or
+    an output that cannot be written (the folder itself was checked) is one ``error:`` line."""
+    from fedsafe.engine.outdir import describe_os_error
+    from fedsafe.report.runs import ReportError
+
+    try:
+        yield
+    except ReportError as e:
+        _fail(ConfigError([str(e)]))
+    except FedsafeError as e:
+        _fail(e)
+    except OSError as e:
+        _fail(FedsafeError(describe_os_error(e, f"--out {out_dir}: cannot write")))
 
 
 def _fail(e: FedsafeError) -> None:
@@ -254,19 +273,12 @@ def report(
     overwrite: Annotated[bool, typer.Option("--overwrite", help="write into a folder holding other files (only the report's own files there are replaced)")] = False,
 ) -> None:
     """Accuracy curves overlaying runs, and a table of final figures."""
-    from fedsafe.engine.outdir import describe_os_error
-    from fedsafe.report import ReportError, find_runs, write_report
+    from fedsafe.report import find_runs, write_report
     from fedsafe.report import summary_table as report_table
 
-    try:
+    with _writing(out_dir):
         result = write_report(runs, out_dir, overwrite=overwrite)
         out.print(report_table(find_runs(runs)))
-    except ReportError as e:
-        _fail(ConfigError([str(e)]))
-    except FedsafeError as e:
-        _fail(e)
-    except OSError as e:
-        _fail(FedsafeError(describe_os_error(e, f"--out {out_dir}: cannot write")))
     for fig in result["figures"]:
         out.print(f"wrote {fig}", highlight=False)
     out.print(f"wrote {result['csv']}", highlight=False)
@@ -298,7 +310,6 @@ def sweep(
         parse_toml,
         read_toml,
     )
-    from fedsafe.engine.outdir import describe_os_error
     from fedsafe.engine.sweep import (
         BEST_CSV,
         WORST_CSV,
@@ -312,9 +323,8 @@ def sweep(
         write_best_worst_case_csv,
     )
     from fedsafe.report.heatmap import has_metric, plot_best_worst_case, plot_sweep
-    from fedsafe.report.runs import ReportError
 
-    try:
+    with _writing(out_dir):
         base = parse_toml(default_config_text(), "default config") if config is None else read_toml(config)
         base = apply_overrides(base, dict(parse_override(o) for o in set_))
         dropped = base.pop("variants", None)
@@ -370,12 +380,6 @@ def sweep(
                 png = plot_sweep(records, keys, r, c, out_dir / "heatmap_asr.png", worst_case=worst_case,
                                  metric="final_attack_success_rate")
                 out.print(f"wrote {png}", highlight=False)
-    except ReportError as e:
-        _fail(ConfigError([str(e)]))
-    except FedsafeError as e:
-        _fail(e)
-    except OSError as e:  # a figure or CSV that cannot be written (the folder itself was checked)
-        _fail(FedsafeError(describe_os_error(e, f"--out {out_dir}: cannot write")))
 
 
 @app.command()
@@ -386,18 +390,10 @@ def frontier(
 ) -> None:
     """Accuracy against ε, one line per method (mean ± sd over seeds), one panel per attack, the
     attack-free line dashed beside each; methods without DP as markers at ε = ∞."""
-    from fedsafe.engine.outdir import describe_os_error
     from fedsafe.report.frontier import frontier_table, write_frontier
-    from fedsafe.report.runs import ReportError
 
-    try:
+    with _writing(out_dir):
         result = write_frontier(sweeps, out_dir, overwrite=overwrite)
-    except ReportError as e:
-        _fail(ConfigError([str(e)]))
-    except FedsafeError as e:
-        _fail(e)
-    except OSError as e:
-        _fail(FedsafeError(describe_os_error(e, f"--out {out_dir}: cannot write")))
     for line in result["skipped"]:
         err.print(f"frontier: {line}", highlight=False, soft_wrap=True, markup=False)
     out.print(frontier_table(result["points"]), markup=False, highlight=False)
