@@ -51,6 +51,19 @@ def test_audit_needs_dp_fedavg():
         validate({"clients": {"algorithm": "dsgd"}, "audit": {"canaries": 10}})
 
 
+def test_audit_enabled_is_the_switch_and_a_count_alone_still_turns_it_on():
+    from fedsafe.core.plugins import section_enabled
+
+    base = {"dp": {"enabled": True}, "clients": {"algorithm": "fedavg"}}
+    for audit, on in (({}, False), ({"canaries": 4}, True), ({"enabled": True, "canaries": 4}, True),
+                      ({"enabled": False, "canaries": 4}, False)):
+        cfg = validate({**base, "audit": audit})
+        assert cfg.audit.enabled is on and section_enabled(cfg, "audit") is on, audit
+        assert validate(cfg.model_dump()).audit == cfg.audit  # what a saved config.toml reads back
+    with pytest.raises(ConfigError, match=r"audit.enabled = true needs audit.canaries >= 2"):
+        validate({**base, "audit": {"enabled": True}})
+
+
 def test_audit_gaussian_cli_small():
     r = CliRunner().invoke(app, ["audit", "gaussian", "--dim", "20000", "--canaries", "200", "--eps", "3",
                                  "--trials", "3", "--delta", "1e-5"])

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class AuditConfig(BaseModel):
     """Canary clients for empirical privacy estimation (needs dp.enabled and fedavg)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_assignment=True)
+    enabled: bool = Field(
+        False, description="insert canaries and estimate ε (the switch; true when canaries > 0 and it is not set)"
+    )
     canaries: int = Field(0, ge=0, description="observed canaries inserted into training (0: off, else >= 2)")
     unobserved: int = Field(0, ge=0, description="canaries tracked but never inserted (0, or >= 2 for ε-all)")
     repetitions: int = Field(1, ge=1, description="presentations of each canary, spread over rounds")
@@ -25,9 +28,22 @@ class AuditConfig(BaseModel):
         "model", description="statistic's final vector: the final model θ_T, or θ_T − θ_0"
     )
 
-    @property
-    def enabled(self) -> bool:
-        return self.canaries > 0
+    @model_validator(mode="before")
+    @classmethod
+    def _count_switches_on(cls, data: Any) -> Any:
+        # canaries are what the audit inserts: a count without `enabled` switches it on, as it
+        # always has; `enabled = false` with a count keeps it off
+        if isinstance(data, dict) and "enabled" not in data:
+            count = data.get("canaries", 0)
+            if isinstance(count, int) and not isinstance(count, bool) and count > 0:
+                return {**data, "enabled": True}
+        return data
+
+    @model_validator(mode="after")
+    def _needs_canaries(self) -> AuditConfig:
+        if self.enabled and self.canaries == 0:
+            raise ValueError("audit.enabled = true needs audit.canaries >= 2 (the canaries the audit inserts)")
+        return self
 
 
 def make_plugin(setup: Any) -> Any:
