@@ -52,6 +52,7 @@ def test_audit_needs_dp_fedavg():
 
 
 def test_audit_enabled_is_the_switch_and_a_count_alone_still_turns_it_on():
+    from fedsafe.config import variant_config
     from fedsafe.core.plugins import section_enabled
 
     base = {"dp": {"enabled": True}, "clients": {"algorithm": "fedavg"}}
@@ -62,6 +63,9 @@ def test_audit_enabled_is_the_switch_and_a_count_alone_still_turns_it_on():
         assert validate(cfg.model_dump()).audit == cfg.audit  # what a saved config.toml reads back
     with pytest.raises(ConfigError, match=r"audit.enabled = true needs audit.canaries >= 2"):
         validate({**base, "audit": {"enabled": True}})
+    # a variant (or a --set on a saved config) that sets canaries = 0 turns it off, as before the key
+    cfg = validate({**base, "audit": {"enabled": True, "canaries": 4}, "variants": {"off": {"audit.canaries": 0}}})
+    assert variant_config(cfg, "off").audit.enabled is False
 
 
 def test_audit_gaussian_cli_small():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 
 class AuditConfig(BaseModel):
@@ -38,6 +38,16 @@ class AuditConfig(BaseModel):
             if isinstance(count, int) and not isinstance(count, bool) and count > 0:
                 return {**data, "enabled": True}
         return data
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # `enabled` is written only where it differs from what the count says (enabled = false
+        # with canaries), so a saved config or a variant that later sets canaries = 0 is off,
+        # as before the key existed, instead of contradicting a stored enabled = true
+        out = handler(self)
+        if out.get("enabled") == (self.canaries > 0):
+            out.pop("enabled", None)
+        return out
 
     @model_validator(mode="after")
     def _needs_canaries(self) -> AuditConfig:
