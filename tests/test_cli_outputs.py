@@ -161,3 +161,19 @@ def test_a_checkpoint_that_asks_for_code_names_what_was_refused(tmp_path):
     assert _errors(r) == [
         f"error: {out / 'checkpoint.pt'}: not a readable fedsafe checkpoint (it asks to load builtins.eval, which is refused)"
     ]
+
+
+def test_fedsafes_own_warnings_are_one_line_each(tmp_path):
+    # a run that ends at chance level: the warning names the setting, as one stderr line
+    import subprocess
+    import sys
+
+    res = subprocess.run(
+        [sys.executable, "-m", "fedsafe", "run", "--set", "rounds=1", "--set", "eval_every=1", "--set", "server.lr=1e-9",
+         "--variant", "mean", "--out", str(tmp_path / "run"), "--quiet"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert res.returncode == 0, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("warning: the run ended at chance level"), res.stderr
+    assert "robust.rule = 'mean'" in lines[0]

@@ -56,9 +56,12 @@ def _fail(e: FedsafeError) -> None:
     raise typer.Exit(2)
 
 
-def _deprecations_as_lines(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Each renamed config key (a ``ConfigDeprecationWarning``, fedsafe.core.renames) the command
-    meets, as one ``warning: ...`` line on stderr, once, instead of Python's two-line warning."""
+def _warnings_as_lines(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Each of fedsafe's own warnings the command meets (a renamed config key, a run that ended
+    at chance level, an encoding range that clips: warnings raised from fedsafe's modules), as
+    one ``warning: ...`` line on stderr, once, instead of Python's two lines with a source line.
+    Other libraries' warnings keep Python's format."""
+    package = str(Path(__file__).resolve().parent)
 
     @functools.wraps(command)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
@@ -68,7 +71,8 @@ def _deprecations_as_lines(command: Callable[..., Any]) -> Callable[..., Any]:
         previous = warnings.showwarning
 
         def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001
-            if not issubclass(category, ConfigDeprecationWarning):
+            ours = issubclass(category, ConfigDeprecationWarning) or str(Path(filename).resolve()).startswith(package)
+            if not ours:
                 return previous(message, category, filename, lineno, file, line)
             if str(message) not in shown:
                 shown.add(str(message))
@@ -115,7 +119,7 @@ def _root(
 
 
 @app.command()
-@_deprecations_as_lines
+@_warnings_as_lines
 def run(
     config: Annotated[Optional[Path], typer.Argument(metavar="[CONFIG.toml]", help="experiment TOML (default: the embedded default)")] = None,
     set_: Annotated[list[str], typer.Option("--set", "-s", metavar="KEY=VALUE", help="override a config key (repeatable)")] = [],  # noqa: B006
@@ -199,7 +203,7 @@ def run(
 
 
 @app.command()
-@_deprecations_as_lines
+@_warnings_as_lines
 def check(
     config: Annotated[Optional[Path], typer.Argument(metavar="[CONFIG.toml]", help="experiment TOML (default: the embedded default)")] = None,
     set_: Annotated[list[str], typer.Option("--set", "-s", metavar="KEY=VALUE", help="override a config key (repeatable)")] = [],  # noqa: B006
