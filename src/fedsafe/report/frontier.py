@@ -27,7 +27,7 @@ import json
 import math
 import time
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -160,20 +160,12 @@ def describe_method(cfg: dict[str, Any]) -> str:
     return f"{privacy}{where}, {rules}"
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def _read(path: Path, parse: Callable[[str], dict[str, Any]], missing: str) -> dict[str, Any]:
+    """``parse`` of the file at ``path``; a missing or unreadable file is a ReportError naming it."""
     try:
-        return json.loads(path.read_text())
+        return parse(path.read_text())
     except FileNotFoundError:
-        raise ReportError(f"{path}: missing (the run did not finish; rerun its sweep, which reuses finished runs)") from None
-    except (OSError, ValueError) as e:
-        raise ReportError(f"{path}: unreadable: {e}") from None
-
-
-def _read_config(path: Path) -> dict[str, Any]:
-    try:
-        return tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ReportError(f"{path}: missing (not a fedsafe run directory)") from None
+        raise ReportError(f"{path}: missing ({missing})") from None
     except (OSError, ValueError) as e:
         raise ReportError(f"{path}: unreadable: {e}") from None
 
@@ -196,8 +188,9 @@ def read_sweep(path: Path, label: str | None = None) -> tuple[list[RunPoint], li
             skipped.append(f"{path}/{row.get('dir', '?')}: not applicable: {row['not_applicable']}")
             continue
         run_dir = path / row["dir"]
-        cfg = _read_config(run_dir / CONFIG)
-        summary = _read_json(run_dir / SUMMARY)
+        cfg = _read(run_dir / CONFIG, tomllib.loads, "not a fedsafe run directory")
+        summary = _read(run_dir / SUMMARY, json.loads,
+                        "the run did not finish; rerun its sweep, which reuses finished runs")
         if method is None:
             method = describe_method(cfg)
         attack = cfg.get("attack", {})
