@@ -16,12 +16,13 @@ time; the OS releases the lock when its process dies, however it dies.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -291,3 +292,26 @@ class DirLock:
             if held[0] >= 0:
                 os.close(held[0])  # releases the lock; the file stays (see LOCK)
         self._key = None
+
+
+@contextlib.contextmanager
+def fresh_output(out: Path, kind: OutputKind, *, overwrite: bool) -> Iterator[Path]:
+    """``with fresh_output(out, kind, overwrite=...) as folder:`` — the folder a command writes
+    afresh (a report, a frontier): refused when another fedsafe process holds it, or (without
+    ``overwrite``) when it holds files that are not this kind's; then, under its lock, checked
+    again, cleared of the earlier output of this kind (a file the new one lacks must not stay)
+    and marked. An ``OSError`` while writing becomes a :class:`RunDirError` naming the folder."""
+    out = Path(out)
+    if out.is_dir() and (holder := lock_holder(out)) is not None:
+        raise RunDirError(f"--out {out}: in use by {holder}; wait for it to finish or choose another --out")
+    check_folder(out, kind, "--out", overwrite=overwrite)
+    try:
+        with DirLock(out, "--out", kind.what):
+            check_folder(out, kind, "--out", overwrite=overwrite)  # again, under the lock
+            clear(out, kind)
+            (out / kind.marker).write_text(json.dumps({"fedsafe": kind.what, "created": time.time()}) + "\n")
+            yield out
+    except RunDirError:
+        raise
+    except OSError as e:
+        raise RunDirError(describe_os_error(e, f"--out {out}: cannot write")) from None

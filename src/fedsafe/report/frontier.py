@@ -25,7 +25,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import time
 import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,9 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from fedsafe.core.errors import RunDirError
 from fedsafe.engine.metrics import SUMMARY
-from fedsafe.engine.outdir import DirLock, OutputKind, check_folder, clear, describe_os_error, lock_holder
+from fedsafe.engine.outdir import OutputKind, fresh_output
 from fedsafe.report.runs import CONFIG, ReportError
 
 SEEDS_CSV = "sweep_seeds.csv"  # fedsafe.engine.sweep.SEEDS_CSV (not imported: that module loads torch)
@@ -357,21 +355,9 @@ def write_frontier(sweeps: Sequence[str | Path], out_dir: Path, *, overwrite: bo
     or a frontier folder of fedsafe's; another folder needs ``overwrite``, and then only these
     files are replaced). Returns ``{"figure", "csv", "points", "skipped"}``."""
     points, skipped = load_frontier(sweeps)
-    out = Path(out_dir)
-    if out.is_dir() and (holder := lock_holder(out)) is not None:
-        raise RunDirError(f"--out {out}: in use by {holder}; wait for it to finish or choose another --out")
-    check_folder(out, FRONTIER, "--out", overwrite=overwrite)
-    try:
-        with DirLock(out, "--out", "frontier"):
-            check_folder(out, FRONTIER, "--out", overwrite=overwrite)
-            clear(out, FRONTIER)
-            (out / MARKER).write_text(json.dumps({"fedsafe": "frontier", "created": time.time()}) + "\n")
-            csv_path = write_csv(points, out / CSV)
-            png = plot_frontier(points, out / FIGURE)
-    except RunDirError:
-        raise
-    except OSError as e:
-        raise RunDirError(describe_os_error(e, f"--out {out}: cannot write")) from None
+    with fresh_output(out_dir, FRONTIER, overwrite=overwrite) as out:
+        csv_path = write_csv(points, out / CSV)
+        png = plot_frontier(points, out / FIGURE)
     return {"figure": png, "csv": csv_path, "points": points, "skipped": skipped}
 
 

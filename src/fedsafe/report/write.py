@@ -2,21 +2,10 @@
 
 from __future__ import annotations
 
-import json
-import time
 from pathlib import Path
 from typing import Any
 
-from fedsafe.core.errors import RunDirError
-from fedsafe.engine.outdir import (
-    REPORT,
-    REPORT_MARKER,
-    DirLock,
-    check_folder,
-    clear,
-    describe_os_error,
-    lock_holder,
-)
+from fedsafe.engine.outdir import REPORT, fresh_output
 from fedsafe.report.figures import plot_accuracy, plot_accuracy_vs_epsilon, plot_metric
 from fedsafe.report.runs import find_runs
 from fedsafe.report.table import has_backdoor, has_epsilon, write_csv
@@ -34,28 +23,16 @@ def write_report(paths: list[Path], out_dir: Path, *, overwrite: bool = False) -
     Returns ``{"figures": [paths], "csv": path, "runs": number of runs}``.
     """
     runs = find_runs([Path(p) for p in paths])
-    out = Path(out_dir)
-    if out.is_dir() and (holder := lock_holder(out)) is not None:
-        raise RunDirError(f"--out {out}: in use by {holder}; wait for it to finish or choose another --out")
-    check_folder(out, REPORT, "--out", overwrite=overwrite)
-    try:
-        with DirLock(out, "--out", "report"):
-            check_folder(out, REPORT, "--out", overwrite=overwrite)  # again, under the lock
-            clear(out, REPORT)  # the earlier report's files: a figure this report lacks must not stay
-            (out / REPORT_MARKER).write_text(json.dumps({"fedsafe": "report", "created": time.time()}) + "\n")
-            figures = [
-                plot_accuracy(runs, out / "accuracy.png"),
-                plot_metric(runs, "test_loss", out / "test_loss.png", "test loss (cross-entropy)"),
-            ]
-            if has_backdoor(runs):
-                figures.append(plot_metric(runs, "attack_success_rate", out / "attack_success_rate.png",
-                                           "backdoor attack success rate (%)", scale=100.0))
-            if has_epsilon(runs):
-                figures.append(plot_metric(runs, "epsilon", out / "epsilon.png", "ε (cumulative)"))
-                figures.append(plot_accuracy_vs_epsilon(runs, out / "accuracy_vs_epsilon.png"))
-            csv_path = write_csv(runs, out / "summary.csv")
-    except RunDirError:
-        raise
-    except OSError as e:
-        raise RunDirError(describe_os_error(e, f"--out {out}: cannot write")) from None
+    with fresh_output(out_dir, REPORT, overwrite=overwrite) as out:
+        figures = [
+            plot_accuracy(runs, out / "accuracy.png"),
+            plot_metric(runs, "test_loss", out / "test_loss.png", "test loss (cross-entropy)"),
+        ]
+        if has_backdoor(runs):
+            figures.append(plot_metric(runs, "attack_success_rate", out / "attack_success_rate.png",
+                                       "backdoor attack success rate (%)", scale=100.0))
+        if has_epsilon(runs):
+            figures.append(plot_metric(runs, "epsilon", out / "epsilon.png", "ε (cumulative)"))
+            figures.append(plot_accuracy_vs_epsilon(runs, out / "accuracy_vs_epsilon.png"))
+        csv_path = write_csv(runs, out / "summary.csv")
     return {"figures": figures, "csv": csv_path, "runs": len(runs)}
