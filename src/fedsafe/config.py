@@ -106,6 +106,13 @@ class ClientsConfig(Strict):
         "backprop", description="zeroth_order: BAFFLE clients, K forward passes and no backpropagation ([zo])"
     )
 
+    @property
+    def round_size(self) -> int | None:
+        """Clients sampled per round where the config fixes it (``all``: the population;
+        ``fixed``: ``sample_size``); None under Poisson sampling, where it varies (expected
+        ``num_clients · sample_rate``)."""
+        return {"all": self.num_clients, "fixed": self.sample_size}.get(self.sampling)
+
     @model_validator(mode="after")
     def _consistent(self) -> ClientsConfig:
         if self.sampling == "fixed":
@@ -374,7 +381,7 @@ class ExperimentConfig(Strict):
             ))
         if self.protocol == "secagg":
             c = self.clients
-            most = {"fixed": c.sample_size}.get(c.sampling) or c.num_clients
+            most = c.round_size or c.num_clients  # Poisson: up to the whole population
             try:
                 self.secagg.check_capacity(most)
             except ValueError as e:

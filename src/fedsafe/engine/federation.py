@@ -63,7 +63,7 @@ def check_pipeline_size(cfg: ExperimentConfig, pipeline: RobustPipeline) -> None
     """Run the pipeline on a dummy round of the configured size to surface n/f violations
     at config time (Poisson sampling varies n: violations then skip the round)."""
     c = cfg.clients
-    n = {"all": c.num_clients, "fixed": c.sample_size}.get(c.sampling)
+    n = c.round_size
     if n is None:
         return
     try:
@@ -81,7 +81,7 @@ def preflight_protocol(cfg: ExperimentConfig, protocol: Any, pipeline: RobustPip
     if preflight is None:
         return
     c = cfg.clients
-    n = {"all": c.num_clients, "fixed": c.sample_size}.get(c.sampling)
+    n = c.round_size
     if n is None:
         n = max(1, round(c.num_clients * c.sample_rate))
     try:
@@ -101,7 +101,7 @@ def clients_seen_bound(cfg: ExperimentConfig) -> int:
     when ``rounds`` rounds of the largest likely sample cannot reach it (Poisson: the expected
     sample qN plus 6 standard deviations, plus one)."""
     c = cfg.clients
-    per_round = {"all": c.num_clients, "fixed": c.sample_size}.get(c.sampling)
+    per_round = c.round_size
     if per_round is None:
         m = c.num_clients * c.sample_rate
         per_round = math.ceil(m + 6 * math.sqrt(m * (1 - c.sample_rate)) + 1)

@@ -342,7 +342,7 @@ def threat_from_config(cfg: Any, client_sizes: Sequence[int]) -> Threat:
     from fedsafe.robust.crfl_config import backdoor_fraction
 
     c, cr, a = cfg.clients, cfg.crfl, cfg.attack
-    n = {"all": c.num_clients, "fixed": c.sample_size}.get(c.sampling) or c.num_clients * (c.sample_rate or 1.0)
+    n = c.round_size or c.num_clients * c.sample_rate  # Poisson: the expected sample
     if c.algorithm == "fedavg":
         if c.local_steps is not None:
             tau = float(c.local_steps)
