@@ -609,6 +609,11 @@ def matches(record: dict[str, Any], assignment: dict[str, Any]) -> bool:
     return all(canonical(record[k]) == canonical(v) for k, v in assignment.items())
 
 
+def cell_of(records: Sequence[dict[str, Any]], *assignments: dict[str, Any]) -> dict[str, Any] | None:
+    """The first record that matches every assignment (a setting and an attack), or None."""
+    return next((r for r in records if all(matches(r, a) for a in assignments)), None)
+
+
 def label(assignment: dict[str, Any]) -> str:
     """``alie`` for one key, ``attack.name=alie, attack.params.z=1`` for several."""
     if len(assignment) == 1:
@@ -639,7 +644,7 @@ def best_worst_case(
         for setting in combos(in_group, axes.hyper):
             scores = []
             for attack in attacks:
-                hit = next((r for r in in_group if matches(r, setting) and matches(r, attack)), None)
+                hit = cell_of(in_group, setting, attack)
                 if hit is None or hit.get("final_accuracy") is None:
                     reasons.append((hit or {}).get("not_applicable") or f"not run under {label(attack)}")
                     break
@@ -696,7 +701,7 @@ def worst_case(records: Sequence[dict[str, Any]], keys: Sequence[str], per: Sequ
         asr: list[tuple[float, dict[str, Any], dict[str, Any]]] = []
         missing = []
         for attack in attacks:
-            hit = next((r for r in records if matches(r, setting) and matches(r, attack)), None)
+            hit = cell_of(records, setting, attack)
             if hit is None or hit.get("final_accuracy") is None:
                 missing.append(label(attack) or "the base attack")
             else:
