@@ -389,7 +389,7 @@ def sweep(
 @app.command()
 def frontier(
     sweeps: Annotated[list[str], typer.Argument(metavar="[LABEL=]SWEEP_DIR...", help="sweep folders, one per method (fedsafe sweep --out); LABEL= names the line (default: from the runs' config)")],
-    out_dir: Annotated[Path, typer.Option("--out", help="directory for frontier.png and frontier.csv (a report folder of fedsafe's is replaced)")] = Path("frontier"),
+    out_dir: Annotated[Path, typer.Option("--out", help="directory for frontier.png and frontier.csv (a frontier folder of fedsafe's is replaced)")] = Path("frontier"),
     overwrite: Annotated[bool, typer.Option("--overwrite", help="write into a folder holding other files (only frontier.png / .csv there are replaced)")] = False,
 ) -> None:
     """Accuracy against ε, one line per method (mean ± sd over seeds), one panel per attack, the
